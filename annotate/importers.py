@@ -138,7 +138,9 @@ def _read_data_file(path: Path) -> list[str]:
 
 def _prompts_from_dataset(path: Path, loaded) -> list[str]:
     """Every split in order (a DatasetDict's splits one after the other)."""
-    splits = list(loaded.values()) if hasattr(loaded, "values") and not hasattr(loaded, "column_names") else [loaded]
+    import datasets
+
+    splits = list(loaded.values()) if isinstance(loaded, (datasets.DatasetDict, dict)) else [loaded]
     prompts = []
     for split in splits:
         column = next((name for name in PROMPT_FIELDS if name in split.column_names), None)
