@@ -14,7 +14,7 @@ DEFAULT_DB = "data/rlhf-loop.db"
 # Each command: (flag, metavar or None, one-line help, "module:function" or None while it is not built yet).
 COMMANDS = [
     ("--serve", None, "start the annotation app in the browser (the default when no command is given)",
-     None),
+     "annotate.serve:main"),
     ("--import-prompts", "FILE", "import prompts from JSONL, CSV, plain text or a Hugging Face dataset folder",
      None),
     ("--generate-pairs", "N", "generate N pairs from the current policy for annotation",
@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auth", metavar="FILE", help="file of name:password lines; required off localhost")
     serve.add_argument("--admin", action="append", default=[], metavar="NAME",
                        help="make NAME an admin (repeatable); the first person to sign in is admin otherwise")
+    serve.add_argument("--overlap", type=int, default=1, metavar="N",
+                       help="votes wanted per pair (default 1; 2 or more measures agreement between people)")
+    serve.add_argument("--first-batch", type=int, default=32, metavar="N",
+                       help="pairs generated in the background on a first start with no pairs (default 32; 0: none)")
+    serve.add_argument("--auto-round-every", type=int, default=0, metavar="N",
+                       help="start a training round after every N new votes (default 0: off; also set in Admin)")
     return parser
 
 
