@@ -87,7 +87,9 @@ def render_untrusted(text: str) -> str:
     return f'<div class="untrusted">{_untrusted_markdown().render(text)}</div>'
 
 
-MARKDOWN_SPECIALS = set("\\`*_{}[]()#+-.!|~<>&\"'")
+# Inline markdown that could change how a name reads (emphasis, code, links: no "[" means no link or image) and
+# HTML. Names sit inside a sentence, never at the start of a line, so list and heading markers cannot apply.
+MARKDOWN_SPECIALS = set("\\`*_[]<>&|~\"'")
 
 
 def escape(text: str) -> str:
