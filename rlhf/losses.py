@@ -115,7 +115,9 @@ def pairwise_loss(
     margin: float | Tensor = 0.0,
     center_coef: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Pairwise reward-model loss -log sigmoid(r_chosen - r_rejected - margin); returns (loss, chosen_scores, rejected_scores).
+    """Pairwise reward-model loss -log sigmoid(r_chosen - r_rejected - margin).
+
+    Returns (loss, chosen_scores, rejected_scores).
 
     Inputs are (B, L) each (values, token ids, attention masks) for B pairs; scores are (B,), the value at
     each sequence's last real token.
