@@ -1,0 +1,103 @@
+"""rlhf-loop: people rank pairs in a browser, a reward model learns their votes, PPO moves the policy.
+
+This file only parses the command line and dispatches; the work lives in `annotate/` and `rlhf/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+DEFAULT_DB = "data/rlhf-loop.db"
+
+# Each command: (flag, metavar or None, one-line help, "module:function" or None while it is not built yet).
+COMMANDS = [
+    ("--serve", None, "start the annotation app in the browser (the default when no command is given)",
+     None),
+    ("--import-prompts", "FILE", "import prompts from JSONL, CSV, plain text or a Hugging Face dataset folder",
+     None),
+    ("--generate-pairs", "N", "generate N pairs from the current policy for annotation",
+     None),
+    ("--export", "FILE", "export preferences (prompt, chosen, rejected) to .jsonl or .parquet",
+     None),
+    ("--simulate", "ANNOTATOR", "vote on waiting pairs with a simulated annotator (rule or module:function)",
+     None),
+    ("--sft", "FILE", "supervised fine-tuning on a JSONL of prompt/response, or on annotators' demonstrations",
+     None),
+    ("--train-reward", None, "train the reward model on the votes (or --data FILE) and print held-out accuracy",
+     None),
+    ("--train-ppo", None, "run PPO alone with a given reward model and prompts, and save the actor",
+     None),
+    ("--train-round", None, "run one full round: reward model, PPO, new policy, next pairs",
+     None),
+    ("--demo-loop", None, "simulate votes and run rounds R times headless, printing progress per round",
+     None),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="app.py",
+        description="rlhf-loop: close the RLHF loop on one machine. With no command, starts the annotation app.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Examples:\n"
+               "  python app.py                          # annotation app on http://127.0.0.1:7860\n"
+               "  python app.py --import-prompts my.jsonl\n"
+               "  python app.py --train-round            # one round headless (cron, a GPU box)\n"
+               "  accelerate launch app.py --train-round # the same on several GPUs",
+    )
+    commands = parser.add_argument_group("commands (pick one)").add_mutually_exclusive_group()
+    for flag, metavar, help_text, target in COMMANDS:
+        suffix = "" if target else " [not available yet]"
+        if metavar is None:
+            commands.add_argument(flag, action="store_true", help=help_text + suffix)
+        elif flag == "--sft":
+            commands.add_argument(flag, nargs="?", const="", metavar=metavar, help=help_text + suffix)
+        else:
+            commands.add_argument(flag, metavar=metavar, help=help_text + suffix)
+
+    common = parser.add_argument_group("common options")
+    common.add_argument("--db", default=DEFAULT_DB, metavar="PATH", help=f"SQLite database (default {DEFAULT_DB})")
+    common.add_argument("--model", default="default", metavar="NAME_OR_PATH",
+                        help="base model: 'default' (embedded SmolLM2-135M-Instruct), a Hugging Face id or a folder")
+
+    serve = parser.add_argument_group("annotation app")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    serve.add_argument("--share", action="store_true", help="create a public Gradio link (needs --auth)")
+    serve.add_argument("--auth", metavar="FILE", help="file of name:password lines; required off localhost")
+    serve.add_argument("--admin", action="append", default=[], metavar="NAME",
+                       help="make NAME an admin (repeatable); the first person to sign in is admin otherwise")
+    return parser
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    for flag, _metavar, _help, target in COMMANDS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is None or value is False:
+            continue
+        if target is None:
+            print(f"app.py {flag}: this command is not available yet in this version of rlhf-loop.", file=sys.stderr)
+            return 2
+        return run_target(flag, target, args)
+    flag, _metavar, _help, target = COMMANDS[0]  # no command: serve the app
+    if target is None:
+        print("app.py: the annotation app is not available yet in this version of rlhf-loop.", file=sys.stderr)
+        return 2
+    return run_target(flag, target, args)
+
+
+def run_target(flag: str, target: str, args: argparse.Namespace) -> int:
+    module_name, function_name = target.split(":")
+    function = getattr(importlib.import_module(module_name), function_name)
+    return int(function(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return dispatch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Shared fixtures: a tiny random model with the real SmolLM2 tokenizer, so model tests run in seconds."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rlhf.models import DEFAULT_CACHE_DIR, DEFAULT_GGUF_FILE, DEFAULT_MODEL_NAME, build_tiny_model, default_gguf_dir
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer():
+    """The default model's tokenizer: from the converted folder when present, else straight from the GGUF (~4 s)."""
+    converted = DEFAULT_CACHE_DIR / DEFAULT_MODEL_NAME
+    if (converted / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(converted)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(default_gguf_dir(), gguf_file=DEFAULT_GGUF_FILE)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, real_tokenizer) -> Path:
+    """A folder holding a tiny random LlamaForCausalLM and the real tokenizer, loadable with from_pretrained."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), real_tokenizer)
+
+
+@pytest.fixture()
+def tokenizer(tiny_model_dir):
+    """A fresh left-padding tokenizer for the tiny model (tests may change its settings)."""
+    from rlhf.models import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)
