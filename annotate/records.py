@@ -85,6 +85,8 @@ class Pair:
     gen_b: int
     kind: str
     created_at: str
+    n_votes: int
+    """Votes of any choice so far."""
 
 
 @dataclass(frozen=True)

@@ -467,8 +467,8 @@ class Store:
 
     # statistics, agreement, preferences --------------------------------------------------------------------------
 
-    def stats(self) -> dict:
-        """Counts for the dashboard."""
+    def stats(self, overlap: int = 1) -> dict:
+        """Counts for the dashboard (pairs waiting: those with fewer than `overlap` votes)."""
         by_choice = dict.fromkeys(CHOICES, 0)
         by_choice.update({row["choice"]: row["n"] for row in self._rows(queries.COUNT_VOTES_BY_CHOICE)})
         by_annotator = {row["annotator"]: row["n"] for row in self._rows(queries.COUNT_VOTES_BY_ANNOTATOR)}
@@ -477,7 +477,7 @@ class Store:
             "policies": self._scalar("SELECT COUNT(*) FROM policies"),
             "generations": self._scalar("SELECT COUNT(*) FROM generations"),
             "pairs": self.count_pairs(),
-            "pairs_waiting": self.pairs_waiting(),
+            "pairs_waiting": self.pairs_waiting(overlap=overlap),
             "votes": sum(by_choice.values()),
             "votes_by_choice": by_choice,
             "votes_by_annotator": by_annotator,

@@ -81,7 +81,26 @@ def migration_2_round_pid(db: sqlite_utils.Database) -> None:
     db.conn.execute("CREATE INDEX votes_created_at ON votes (created_at)")
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [migration_1_initial_schema, migration_2_round_pid]
+def migration_3_pair_vote_counts(db: sqlite_utils.Database) -> None:
+    """Each pair's vote count, kept by triggers, so picking the next open pair never scans the finished ones."""
+    db["pairs"].add_column("n_votes", int, not_null_default=0)
+    db.conn.execute("UPDATE pairs SET n_votes = (SELECT COUNT(*) FROM votes WHERE votes.pair_id = pairs.id)")
+    db.conn.execute(
+        "CREATE TRIGGER votes_count_insert AFTER INSERT ON votes BEGIN "
+        "UPDATE pairs SET n_votes = n_votes + 1 WHERE id = NEW.pair_id; END"
+    )
+    db.conn.execute(
+        "CREATE TRIGGER votes_count_delete AFTER DELETE ON votes BEGIN "
+        "UPDATE pairs SET n_votes = n_votes - 1 WHERE id = OLD.pair_id; END"
+    )
+    db.conn.execute("CREATE INDEX pairs_open ON pairs (n_votes, id)")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    migration_1_initial_schema,
+    migration_2_round_pid,
+    migration_3_pair_vote_counts,
+]
 
 INSERT_PROMPT = "INSERT INTO prompts (text, source, created_at) VALUES (?, ?, ?) ON CONFLICT (text) DO NOTHING"
 SELECT_PROMPTS = "SELECT id, text, source, created_at FROM prompts ORDER BY id LIMIT :limit"
@@ -90,8 +109,8 @@ SELECT_PROMPTS_NEEDING_PAIRS = """
     ORDER BY (SELECT COUNT(*) FROM pairs WHERE pairs.prompt_id = p.id), p.id LIMIT :limit"""
 
 SELECT_OPEN_PAIRS = """
-    SELECT p.id, (SELECT COUNT(*) FROM votes v WHERE v.pair_id = p.id) AS n_votes FROM pairs p
-    WHERE n_votes < :overlap
+    SELECT p.id, p.n_votes FROM pairs p
+    WHERE p.n_votes < :overlap
       AND NOT EXISTS (SELECT 1 FROM votes v WHERE v.pair_id = p.id AND v.annotator = :annotator)
     ORDER BY p.id LIMIT :limit"""
 SELECT_SHOWING = """
@@ -101,7 +120,7 @@ SELECT_SHOWING = """
     WHERE p.id = ?"""
 COUNT_WAITING_PAIRS = """
     SELECT COUNT(*) FROM pairs p
-    WHERE (SELECT COUNT(*) FROM votes v WHERE v.pair_id = p.id) < :overlap
+    WHERE p.n_votes < :overlap
       AND (:annotator IS NULL
            OR NOT EXISTS (SELECT 1 FROM votes v WHERE v.pair_id = p.id AND v.annotator = :annotator))"""
 

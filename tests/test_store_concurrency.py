@@ -47,16 +47,18 @@ def test_an_older_database_file_is_upgraded_in_place(tmp_path):
         conn.executescript(V1_SCHEMA)
     conn.close()
     with Store(path) as store:
-        assert store.schema_version() == 2
+        assert store.schema_version() == 3
         assert [(p.id, p.text, p.source) for p in store.prompts()] == [(1, "Say hi.", "old")]
         assert [(v.pair_id, v.annotator, v.choice, v.a_on_left, v.seconds) for v in store.votes()] == [(1, "ann", "a", True, 2.5)]
         assert store.is_admin("ann")
+        assert store.pair(1).n_votes == 1  # counted from the votes already there
+        assert store.record_vote(1, "bob", "b", a_on_left=False) and store.pair(1).n_votes == 2
         [old_round] = store.rounds()
         assert (old_round.status, old_round.metrics, old_round.pid) == ("running", {"rm/accuracy": 0.7}, None)
         assert store.mark_stale_rounds_failed() == [1]  # no pid recorded: nobody can be running it
         assert store.start_round(pid=42) == 2 and store.round(2).pid == 42
     with Store(path) as reopened:  # a second open migrates nothing and keeps everything
-        assert reopened.schema_version() == 2
+        assert reopened.schema_version() == 3
         assert [r.status for r in reopened.rounds()] == ["failed", "running"]
 
 
