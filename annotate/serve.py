@@ -11,6 +11,7 @@ import argparse
 import hmac
 import importlib
 import ipaddress
+import os
 import sys
 import threading
 from pathlib import Path
@@ -177,6 +178,10 @@ def main(args: argparse.Namespace) -> int:
         guidelines_path=SHIPPED_GUIDELINES, admins=tuple(args.admin), require_auth=passwords is not None,
         overlap=args.overlap, first_batch_pairs=args.first_batch,
     )
+    # Gradio recomputes a pandas summary of up to 10,000 recent events after every event (for its monitoring
+    # page): with many votes that becomes the largest cost of a vote. Summarise once per 1000 events instead.
+    os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "1000")
+    os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "1000")
     demo = build_app(store, ModelPairGenerator(store, args.model), config, runner)
     demo.queue(default_concurrency_limit=None)
     print(f"Annotation app on http://{args.host}:{args.port} (database {args.db}); Ctrl-C stops it.",

@@ -241,18 +241,26 @@ class _AnnotateComponents:
     sign_in_outputs: list
 
 
-def _render(view: AnnotateView, timer: gr.Timer | None = None) -> tuple:
-    """AnnotateView -> values for ANNOTATE_OUTPUTS (see _build_annotate_tab)."""
+def _render(view: AnnotateView, after_vote: bool = False) -> tuple:
+    """AnnotateView -> values for the pair outputs (see _build_annotate_tab).
+
+    After a vote the pair panel is already visible and the waiting timer off: unless the queue just ran dry, those
+    two are skipped rather than sent again, which keeps the busiest event of the app cheap.
+    """
     has_pair = view.pair_id is not None
+    unchanged = after_vote and has_pair
     return (
-        gr.update(visible=not view.signed_in),
-        gr.update(visible=view.signed_in),
-        gr.update(visible=has_pair),
+        gr.skip() if unchanged else gr.update(visible=has_pair),
         view.pair_id if has_pair else -1,
         view.prompt_html, view.left_html, view.right_html,
         view.progress, view.status,
-        gr.Timer(active=view.waiting),
+        gr.skip() if unchanged else gr.Timer(active=view.waiting),
     )
+
+
+def _render_layout(view: AnnotateView) -> tuple:
+    """Sign-in form or the work area."""
+    return gr.update(visible=not view.signed_in), gr.update(visible=view.signed_in)
 
 
 def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: gr.State) -> _AnnotateComponents:
@@ -296,19 +304,19 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
     api_vote = gr.Button(visible=False)
     waiting_timer = gr.Timer(config.waiting_poll_s, active=False)
 
-    view_outputs = [sign_in_column, work_column, pair_column, shown_pair_id, prompt_html, left_html, right_html,
-                    progress, status, waiting_timer]
+    layout_outputs = [sign_in_column, work_column]
+    pair_outputs = [pair_column, shown_pair_id, prompt_html, left_html, right_html, progress, status, waiting_timer]
 
     # Event functions are closures, not functools.partial: Gradio finds the gr.Request parameter by its type hint,
     # which a partial hides.
     def sign_in(raw_name: str, state: Session, request: gr.Request):
         state, view, message = handlers.sign_in(raw_name, state, request)
-        return state, message, *_render(view)
+        return state, message, *_render_layout(view), *_render(view)
 
     def vote(choice: str, pair_id, better: str, state: Session, request: gr.Request):
         state, view = handlers.vote(choice, pair_id, better, state, request)
         # The better-answer box is cleared once the vote (and the answer with it) went through.
-        return state, "" if view.recorded else better, *_render(view)
+        return state, "" if view.recorded else better, *_render(view, after_vote=True)
 
     def vote_for(choice: str):
         def vote_button(pair_id, better: str, state: Session, request: gr.Request):
@@ -318,16 +326,17 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
 
     def look_for_pair(state: Session, request: gr.Request):
         state, view = handlers.look_for_pair(state, request)
-        return state, *_render(view)
+        return state, *_render_layout(view), *_render(view)
 
     fast = {"concurrency_limit": None, "show_progress": "hidden"}
-    sign_in_outputs = [session, sign_in_message, *view_outputs]
+    sign_in_outputs = [session, sign_in_message, *layout_outputs, *pair_outputs]
     sign_in_button.click(sign_in, [name_box, session], sign_in_outputs, api_name="sign_in", **fast)
     name_box.submit(sign_in, [name_box, session], sign_in_outputs, api_visibility="private", **fast)
-    vote_outputs = [session, better_answer, *view_outputs]
+    vote_outputs = [session, better_answer, *pair_outputs]
     for choice, button in buttons.items():
         button.click(vote_for(choice), [shown_pair_id, better_answer, session], vote_outputs,
                      api_visibility="private", **fast)
     api_vote.click(vote, [api_choice, shown_pair_id, better_answer, session], vote_outputs, api_name="vote", **fast)
-    waiting_timer.tick(look_for_pair, [session], [session, *view_outputs], api_visibility="private", **fast)
+    waiting_timer.tick(look_for_pair, [session], [session, *layout_outputs, *pair_outputs], api_visibility="private",
+                       **fast)
     return _AnnotateComponents(sign_in=sign_in, sign_in_inputs=[name_box, session], sign_in_outputs=sign_in_outputs)

@@ -6,6 +6,7 @@ Identity is always decided on the server: with an auth file it is the name Gradi
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,10 +74,11 @@ def clean_name(raw: str | None) -> tuple[str | None, str]:
     return name, ""
 
 
+@functools.cache
 def _untrusted_markdown() -> MarkdownIt:
     # html=False: raw HTML in the text is escaped and shown as text (markdown-it's documented safe mode; its link
     # validator also drops javascript:, vbscript: and file: URLs). Images are off, so text cannot make the
-    # browser fetch anything.
+    # browser fetch anything. Built once: rendering keeps no state in the instance, so threads can share it.
     return MarkdownIt("commonmark", {"html": False, "breaks": True}).disable("image")
 
 
