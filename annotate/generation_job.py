@@ -17,7 +17,8 @@ class PairGenerator(Protocol):
     """What the app needs from a generator: tests pass a fake, `annotate.serve` wraps the real model."""
 
     def generate(self, n_pairs: int, versus_share: float, progress: Callable[[int, int], None]) -> int:
-        """Write up to n_pairs new pairs to the store (incrementally), calling progress(done, total); returns done."""
+        """Write up to n_pairs new pairs to the store batch by batch, calling progress(done, total) as it goes (in
+        any unit, e.g. prompts answered); returns the number of pairs written."""
         ...
 
 
@@ -104,7 +105,7 @@ class GenerationJob:
         if job.total == 0 and not job.running:
             return ""
         if job.running:
-            return f"Generating pairs: {job.done}/{job.total} ready ({job.seconds:.0f} s, started by {job.started_by})."
+            return f"Generating pairs: {job.done}/{job.total} done ({job.seconds:.0f} s, started by {job.started_by})."
         if job.error:
             return f"Generating pairs failed after {job.done}/{job.total}: {job.error}"
         return f"Generated {job.done} pairs in {job.seconds:.0f} s."

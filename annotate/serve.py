@@ -118,39 +118,42 @@ def round_command(db: str, model: str) -> list[str] | None:
 class ModelPairGenerator:
     """The real generator: the current policy writes pairs through annotate.pairs.make_pairs.
 
-    The model is loaded on first use (the page is up before torch is even imported) and kept; it is reloaded only
-    when a round recorded a newer policy. One batch at a time (GenerationJob), the lock guards direct callers too.
+    Models are loaded on first use (the page is up before torch is even imported) and kept: the current policy and,
+    for versus pairs, the earlier one it is compared with. After a round records a newer policy, the next batch
+    loads it and drops models no longer needed. One batch at a time (GenerationJob); the lock guards direct callers.
     """
 
     def __init__(self, store: Store, model_name: str):
         self.store = store
         self.model_name = model_name
         self._lock = threading.Lock()
-        self._loaded_policy_id: int | None = None
-        self._model = None
-        self._tokenizer = None
+        self._loaded: dict[int, tuple] = {}  # policy id -> (model, tokenizer)
 
-    def _current(self):
-        from annotate.pairs import ensure_base_policy
-        from rlhf.models import load_causal_lm, load_tokenizer
+    def _load(self, policies: list) -> None:
+        from annotate.pairs import load_policy_model
 
-        ensure_base_policy(self.store, self.model_name)
-        policy = self.store.latest_policy()
-        if policy.id != self._loaded_policy_id:
-            print(f"Loading policy {policy.id} (round {policy.round}) from {policy.path} ...", file=sys.stderr)
-            self._tokenizer = load_tokenizer(policy.path)
-            self._model = load_causal_lm(policy.path)
-            self._model.eval()
-            self._loaded_policy_id = policy.id
-        return policy
+        wanted = {policy.id for policy in policies}
+        for policy_id in [pid for pid in self._loaded if pid not in wanted]:
+            del self._loaded[policy_id]
+        for policy in policies:
+            if policy.id not in self._loaded:
+                print(f"Loading policy {policy.id} (round {policy.round}) from {policy.path} ...", file=sys.stderr)
+                self._loaded[policy.id] = load_policy_model(policy.path)
 
     def generate(self, n_pairs: int, versus_share: float, progress: Callable[[int, int], None]) -> int:
-        from annotate.pairs import make_pairs
+        from annotate.pairs import earlier_policy, ensure_base_policy, make_pairs
 
         with self._lock:
-            policy = self._current()
-            return make_pairs(self.store, self._model, self._tokenizer, n_pairs, policy.id,
-                              versus_share=versus_share, progress=progress)
+            policy = ensure_base_policy(self.store, self.model_name)
+            opponent = earlier_policy(self.store, policy) if versus_share > 0 else None
+            self._load([policy] + ([opponent] if opponent else []))
+            model, tokenizer = self._loaded[policy.id]
+            report = make_pairs(
+                self.store, model, tokenizer, n_pairs, policy.id, versus_share=versus_share if opponent else 0.0,
+                versus_policy_id=opponent.id if opponent else None,
+                versus_model=self._loaded[opponent.id][0] if opponent else None, progress=progress,
+            )
+            return report.written
 
 
 def main(args: argparse.Namespace) -> int:
