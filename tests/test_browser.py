@@ -169,3 +169,35 @@ def test_an_admin_starts_a_round_and_its_log_streams_into_the_page(browser, app_
     page.get_by_role("tab", name="Admin").click()
     page.screenshot(path=str(tmp_path / "admin.png"), full_page=True)
     assert marker.read_text() == "ran"
+
+
+def test_with_an_auth_file_people_log_in_and_are_signed_in_under_their_login(browser, tmp_path):
+    from annotate.serve import password_checker
+
+    store = Store(tmp_path / "auth.db")
+    store.add_prompts(["Hello?"])
+    policy = store.add_policy(0, "base")
+    store.add_pairs_bulk([NewPair(1, Answer(policy, "hi", 1, "eos"), Answer(policy, "hey", 1, "eos"))])
+    demo = build_app(store, NoGenerator(), AppConfig(require_auth=True))
+    demo.queue()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                auth=password_checker({"alice": "right horse"}))
+    try:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.get_by_label("username").fill("alice")
+        page.get_by_label("password").fill("wrong")
+        page.get_by_role("button", name="Login").click()
+        page.wait_for_selector("text=Incorrect Credentials", timeout=10_000)
+        page.get_by_label("username").fill("alice")  # the login page clears both fields after a failure
+        page.get_by_label("password").fill("right horse")
+        page.get_by_role("button", name="Login").click()
+        page.wait_for_selector("#prompt .untrusted", timeout=15_000)  # no name to type: the login named her
+        assert "Signed in as alice" in page.inner_text("#progress")
+        page.click("#vote-right")
+        page.wait_for_function("() => document.querySelector('#progress').innerText.includes('your votes: 1')")
+        assert [(v.annotator, v.pair_id) for v in store.votes()] == [("alice", 1)]
+    finally:
+        demo.close()
+        store.close()
