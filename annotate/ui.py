@@ -161,7 +161,9 @@ class AnnotateHandlers:
     def view(self, session: Session, name: str, status: str) -> AnnotateView:
         showing = session.showing
         left = self.store.pairs_waiting(annotator=name, overlap=self.config.overlap)
-        progress = f"Signed in as **{escape(name)}** · your votes: {self.store.votes_by(name)} · pairs left: {left}"
+        role = self.store.role_of(name) or "annotator"
+        progress = (f"Signed in as **{escape(name)}** ({role}) · your votes: {self.store.votes_by(name)} · "
+                    f"pairs left: {left}")
         notes = " ".join(session.notes)
         session.notes.clear()
         if showing is None:
