@@ -6,10 +6,11 @@ which looks up the signed-in person's role in the store at the time of the call.
 
 from __future__ import annotations
 
+import html
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Iterator
 
 import gradio as gr
 import pandas as pd
@@ -74,23 +75,25 @@ class AdminHandlers:
                 f"{self.store.count_prompts()} prompts in all.")
 
     def generate_pairs(self, n_pairs: float | None, versus_share: float | None, session: Session,
-                       request: gr.Request | None = None, progress: Callable | None = None, poll_s: float = 0.5) -> str:
-        """Start a generation batch; with `progress` (a gr.Progress) follow it until it ends."""
+                       request: gr.Request | None = None) -> tuple[bool, str]:
+        """Start a generation batch in the background; (started, message)."""
         if refused := self.refusal(session, request):
-            return refused
+            return False, refused
         n = int(n_pairs or 0)
         if not 1 <= n <= MAX_PAIRS_PER_REQUEST:
-            return f"Ask for between 1 and {MAX_PAIRS_PER_REQUEST} pairs, not {n}."
+            return False, f"Ask for between 1 and {MAX_PAIRS_PER_REQUEST} pairs, not {n}."
         if self.store.count_prompts() == 0:
-            return "There are no prompts yet: import some first."
-        started, message = self.job.start(n, float(versus_share or 0.0), started_by=self._name(session, request))
-        if not started or progress is None:
-            return message
+            return False, "There are no prompts yet: import some first."
+        return self.job.start(n, float(versus_share or 0.0), started_by=self._name(session, request))
+
+    def generation_progress(self, poll_s: float = 0.5) -> Iterator[str]:
+        """HTML progress bar of the running batch, again every poll_s seconds until it ends; then its outcome."""
         while self.job.running():
             job = self.job.progress()
-            progress((job.done, max(job.total, 1)), desc="generating pairs", unit="pairs")
+            yield (f'<progress value="{job.done}" max="{max(job.total, 1)}" style="width: 100%"></progress>'
+                   f"<div>{html.escape(self.job.status_text())}</div>")
             time.sleep(poll_s)
-        return self.job.status_text()
+        yield f"<div>{html.escape(self.job.status_text())}</div>"
 
     def start_round(self, session: Session, request: gr.Request | None = None) -> str:
         if refused := self.refusal(session, request):
@@ -161,7 +164,7 @@ def build_admin_tab(handlers: AdminHandlers, session: gr.State, config: AppConfi
             versus_share = gr.Slider(0.0, 1.0, value=config.versus_share, step=0.05,
                                      label="Versus share (current policy against an earlier one)")
         generate_button = gr.Button("Generate pairs now")
-        generate_message = gr.Markdown(elem_id="generate-message")
+        generate_message = gr.HTML(elem_id="generate-message", js_on_load=None)
         job_status = gr.Markdown()
     with gr.Accordion("Training rounds", open=True):
         round_status = gr.Markdown(elem_id="round-status")
@@ -189,8 +192,11 @@ def build_admin_tab(handlers: AdminHandlers, session: gr.State, config: AppConfi
         role_message = gr.Markdown()
     timer = gr.Timer(config.refresh_s, active=False)
 
-    def generate_event(n, share, state, request: gr.Request, progress=gr.Progress()):
-        return handlers.generate_pairs(n, share, state, request, progress=progress)
+    def generate_event(n, share, state: Session, request: gr.Request):
+        started, message = handlers.generate_pairs(n, share, state, request)
+        yield html.escape(message)
+        if started:  # follow the batch with a progress bar; the page stays usable meanwhile
+            yield from handlers.generation_progress()
 
     private = {"api_visibility": "private", "concurrency_limit": None}
     import_button.click(handlers.import_prompts, [upload, session], import_message, **private)

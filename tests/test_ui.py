@@ -20,8 +20,9 @@ from annotate.ui_session import AppConfig, Session, escape, render_untrusted
 class FakeGenerator:
     """Writes pairs of canned answers, as the real one does through make_pairs."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, seconds_per_pair: float = 0.0):
         self.store = store
+        self.seconds_per_pair = seconds_per_pair
         self.calls = []
 
     def generate(self, n_pairs, versus_share, progress):
@@ -29,6 +30,7 @@ class FakeGenerator:
         policy = self.store.latest_policy() or self.store.policy(self.store.add_policy(0, "fake"))
         prompts = self.store.prompts_needing_pairs(n_pairs)
         for done, prompt in enumerate(prompts, start=1):
+            time.sleep(self.seconds_per_pair)
             self.store.add_pairs_bulk([NewPair(prompt.id, Answer(policy.id, f"fake A {done}", 3, "eos"),
                                                Answer(policy.id, f"fake B {done}", 3, "eos"))])
             progress(done, n_pairs)
@@ -181,7 +183,7 @@ def test_admin_handlers_refuse_an_annotator_and_change_nothing(app_parts, tmp_pa
     refusal = "Only admins can do this: bob is an annotator."
     assert app_parts.admin.start_round(bob).startswith(refusal)
     assert app_parts.admin.import_prompts(str(prompts_file), bob).startswith(refusal)
-    assert app_parts.admin.generate_pairs(2, 0.0, bob).startswith(refusal)
+    assert app_parts.admin.generate_pairs(2, 0.0, bob)[1].startswith(refusal)
     assert app_parts.admin.set_auto_every(5, bob).startswith(refusal)
     assert app_parts.admin.export("jsonl", bob)[0] is None
     message, frame = app_parts.admin.set_role("bob", "admin", bob)
@@ -220,15 +222,17 @@ def test_admin_imports_prompts_and_sees_importer_errors(app_parts, tmp_path):
     assert app_parts.store.count_prompts() == 4
 
 
-def test_admin_generates_pairs_with_progress(app_parts):
+def test_admin_generates_pairs_with_a_progress_bar(app_parts):
     alice, _ = signed_in(app_parts, "alice")
     app_parts.store.add_prompts(["p4", "p5"])
-    seen = []
-    message = app_parts.admin.generate_pairs(2, 0.25, alice, progress=lambda value, **_: seen.append(value),
-                                             poll_s=0.01)
-    assert message.startswith("Generated 2 pairs")
+    app_parts.job.generator.seconds_per_pair = 0.05
+    assert app_parts.admin.generate_pairs(2, 0.25, alice) == (True, "Generating 2 pairs (versus share 25%).")
+    updates = list(app_parts.admin.generation_progress(poll_s=0.01))
+    assert len(updates) > 2 and all(update.startswith('<progress value="') for update in updates[:-1])
+    assert '<progress value="1" max="2"' in "".join(updates)
+    assert updates[-1].startswith("<div>Generated 2 pairs")
     assert app_parts.job.generator.calls == [(2, 0.25)] and app_parts.store.count_pairs() == 5
-    assert app_parts.admin.generate_pairs(0, 0.0, alice) == "Ask for between 1 and 10000 pairs, not 0."
+    assert app_parts.admin.generate_pairs(0, 0.0, alice) == (False, "Ask for between 1 and 10000 pairs, not 0.")
 
 
 def test_admin_exports_preferences_as_jsonl(app_parts):
