@@ -260,8 +260,11 @@ def _render(view: AnnotateView, after_vote: bool = False) -> tuple:
     )
 
 
-def _render_layout(view: AnnotateView) -> tuple:
-    """Sign-in form or the work area."""
+def _render_layout(view: AnnotateView, after_vote: bool = False) -> tuple:
+    """Sign-in form or the work area. A vote only changes them when the server no longer knows the session (the
+    app restarted): then the sign-in form comes back."""
+    if after_vote and view.signed_in:
+        return gr.skip(), gr.skip()
     return gr.update(visible=not view.signed_in), gr.update(visible=view.signed_in)
 
 
@@ -318,7 +321,8 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
     def vote(choice: str, pair_id, better: str, state: Session, request: gr.Request):
         state, view = handlers.vote(choice, pair_id, better, state, request)
         # The better-answer box is cleared once the vote (and the answer with it) went through.
-        return state, "" if view.recorded else better, *_render(view, after_vote=True)
+        return state, "" if view.recorded else better, *_render_layout(view, after_vote=True), \
+            *_render(view, after_vote=True)
 
     def vote_for(choice: str):
         def vote_button(pair_id, better: str, state: Session, request: gr.Request):
@@ -334,7 +338,7 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
     sign_in_outputs = [session, sign_in_message, *layout_outputs, *pair_outputs]
     sign_in_button.click(sign_in, [name_box, session], sign_in_outputs, api_name="sign_in", **fast)
     name_box.submit(sign_in, [name_box, session], sign_in_outputs, api_visibility="private", **fast)
-    vote_outputs = [session, better_answer, *pair_outputs]
+    vote_outputs = [session, better_answer, *layout_outputs, *pair_outputs]
     for choice, button in buttons.items():
         button.click(vote_for(choice), [shown_pair_id, better_answer, session], vote_outputs,
                      api_visibility="private", **fast)
