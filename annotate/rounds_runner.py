@@ -80,11 +80,12 @@ class RoundRunner:
             return False, "Training is not available yet in this version of rlhf-loop (`app.py --train-round`)."
         with self._lock:
             if self._process is not None and self._process.poll() is None:
-                return False, f"A round is already running (started by {self._started_by}, process {self._process.pid})."
+                return False, (f"A round is already running (started by {self._started_by}, "
+                               f"process {self._process.pid}).")
             other = self.store.running_round()
             if other is not None:
-                return False, (f"Round {other.id} is already running (process {other.pid}, started {other.started_at}); "
-                               "one round at a time.")
+                return False, (f"Round {other.id} is already running (process {other.pid}, "
+                               f"started {other.started_at}); one round at a time.")
             self._log.clear()
             self._log.append(f"$ {' '.join(self.command)}")
             try:

@@ -96,7 +96,8 @@ class AnnotateHandlers:
     def user(self, session: Session | None, request: gr.Request | None = None) -> str | None:
         return signed_in_name(session, request, self.config)
 
-    def sign_in(self, raw_name: str, session: Session, request: gr.Request | None = None) -> tuple[Session, AnnotateView, str]:
+    def sign_in(self, raw_name: str, session: Session,
+                request: gr.Request | None = None) -> tuple[Session, AnnotateView, str]:
         """Sign in (the name comes from the login when an auth file is used); returns (session, view, message)."""
         if self.config.require_auth:
             name, problem = self.user(session, request), "Sign in through the login page first."

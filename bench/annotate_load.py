@@ -53,7 +53,7 @@ def seed_database(path: Path, n_pairs: int, seed: int) -> None:
     """Prompts with one pair each, answers of ~60 words, like short model outputs."""
     rng = random.Random(seed)
     with Store(path) as store:
-        store.add_prompts([f"Load test prompt {i}: explain something useful in a few sentences." for i in range(n_pairs)])
+        store.add_prompts([f"Load test prompt {i}: explain something useful in a few words." for i in range(n_pairs)])
         policy = store.add_policy(0, "bench")
 
         def answer() -> Answer:

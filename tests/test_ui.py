@@ -41,8 +41,10 @@ def seed_pairs(store: Store, n: int) -> None:
     """n prompts 'Prompt i', each with one pair: gen_a 'first answer i', gen_b 'second answer i'."""
     store.add_prompts([f"Prompt {i}" for i in range(1, n + 1)])
     policy = store.add_policy(0, "base")
-    store.add_pairs_bulk([NewPair(p.id, Answer(policy, f"first answer {i}", 3, "eos"),
-                                  Answer(policy, f"second answer {i}", 3, "eos")) for i, p in enumerate(store.prompts(), 1)])
+    store.add_pairs_bulk([
+        NewPair(p.id, Answer(policy, f"first answer {i}", 3, "eos"), Answer(policy, f"second answer {i}", 3, "eos"))
+        for i, p in enumerate(store.prompts(), 1)
+    ])
 
 
 @pytest.fixture
@@ -280,7 +282,8 @@ def test_round_runner_refuses_while_the_store_has_a_running_round(app_parts):
 
 def test_round_log_keeps_one_line_per_progress_bar(app_parts, tmp_path):
     # tqdm redraws with carriage returns: three redraws of one bar become one line, the last
-    bars = "import sys\nfor i in (0, 50, 100):\n    sys.stdout.write(f'\\rreward model:  {i}%|##| {i}/100')\nprint()\nprint('done')\n"
+    bars = ("import sys\nfor i in (0, 50, 100):\n    sys.stdout.write(f'\\rreward model:  {i}%|##| {i}/100')\n"
+            "print()\nprint('done')\n")
     runner = RoundRunner(app_parts.store, script(tmp_path, bars))
     runner.start("alice")
     runner.wait(10)
@@ -363,7 +366,8 @@ def test_dashboard_counts_agreement_and_win_rates(app_parts):
     newer = store.add_policy(1, "round-1")
     store.add_pairs_bulk([NewPair(1, Answer(newer, "new", 1, "eos"), Answer(1, "old", 1, "eos"), kind="versus")])
     store.record_vote(4, "alice", "a", False, 1.0)
-    counts, by_annotator, agreement_text, agreement, *_, win_rates = DashboardHandlers(store, app_parts.config).refresh()
+    dashboard = DashboardHandlers(store, app_parts.config)
+    counts, by_annotator, agreement_text, agreement, *_, win_rates = dashboard.refresh()
     assert "**votes** 4" in counts and "a: 3 · b: 1" in counts
     assert by_annotator.values.tolist() == [["alice", 2], ["bob", 1], ["carol", 1]]
     # pair 1: alice a, bob a, carol b -> rating pairs (alice,bob) agree, (alice,carol) and (bob,carol) do not: 1/3
