@@ -1,5 +1,7 @@
 """`python app.py` (serve): refusing unsafe exposure, auth files, seeding an empty database, the round command."""
 
+import json
+
 import pytest
 
 import app
@@ -70,3 +72,13 @@ def test_round_command_follows_the_table_of_commands(monkeypatch):
     monkeypatch.setattr(app, "COMMANDS", [("--train-round", None, "", "rlhf.round:main")])
     command = round_command("d.db", "default")
     assert command[1].endswith("app.py") and command[2:] == ["--train-round", "--db", "d.db", "--model", "default"]
+
+
+def test_python_app_py_serves_the_vote_api_that_the_load_bench_drives(capsys):
+    # The real `python app.py` in a child process, driven through gradio_client: sign in, vote, next pair, and the
+    # database checked afterwards (bench/annotate_load.py with 2 annotators and 4 votes).
+    from bench.annotate_load import main as load_bench
+
+    assert load_bench(["--annotators", "2", "--votes", "4", "--think-s", "0"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (summary["votes"], summary["lost"], summary["duplicated"], summary["errors"]) == (4, 0, 0, 0)
