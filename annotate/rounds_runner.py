@@ -82,6 +82,8 @@ class RoundRunner:
             if self._process is not None and self._process.poll() is None:
                 return False, (f"A round is already running (started by {self._started_by}, "
                                f"process {self._process.pid}).")
+            # A round whose process died (a crash, a reboot) would otherwise block every later start from here.
+            self.store.mark_stale_rounds_failed()
             other = self.store.running_round()
             if other is not None:
                 return False, (f"Round {other.id} is already running (process {other.pid}, "

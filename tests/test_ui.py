@@ -1,6 +1,7 @@
 """The annotation app's handlers, called as plain functions (no browser, no server): votes, skips, double submits,
 the empty queue, admin checks, rounds started as child processes, the dashboard's numbers, serve's refusals."""
 
+import subprocess
 import sys
 import time
 from types import SimpleNamespace
@@ -273,11 +274,19 @@ def test_round_runner_streams_the_log_and_runs_one_round_at_a_time(app_parts, tm
     assert lines[1:4] == ["step 0", "step 1", "step 2"] and lines[4].startswith("[round process exited with code 0")
 
 
-def test_round_runner_refuses_while_the_store_has_a_running_round(app_parts):
-    app_parts.store.start_round(pid=12345)
-    runner = RoundRunner(app_parts.store, [sys.executable, "-c", "pass"])
-    started, message = runner.start("alice")
-    assert not started and message.startswith("Round 1 is already running (process 12345")
+def test_round_runner_refuses_while_the_store_has_a_running_round(app_parts, tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        app_parts.store.start_round(pid=sleeper.pid)
+        runner = RoundRunner(app_parts.store, script(tmp_path, "print('round')\n"))
+        started, message = runner.start("alice")
+        assert not started and message.startswith(f"Round 1 is already running (process {sleeper.pid}")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # once that process is gone its round is stale: marked failed, and a new round may start
+    assert runner.start("alice")[0] and runner.wait(10) == 0
+    assert app_parts.store.round(1).status == "failed"
 
 
 def test_round_log_keeps_one_line_per_progress_bar(app_parts, tmp_path):
