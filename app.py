@@ -26,7 +26,7 @@ COMMANDS = [
     ("--sft", "FILE", "supervised fine-tuning on a JSONL of prompt/response, or on annotators' demonstrations",
      None),
     ("--train-reward", None, "train the reward model on the votes (or --data FILE) and print held-out accuracy",
-     None),
+     "rlhf.reward_train:command_train_reward"),
     ("--train-ppo", None, "run PPO alone with a given reward model and prompts, and save the actor",
      None),
     ("--train-round", None, "run one full round: reward model, PPO, new policy, next pairs",
@@ -69,6 +69,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auth", metavar="FILE", help="file of name:password lines; required off localhost")
     serve.add_argument("--admin", action="append", default=[], metavar="NAME",
                        help="make NAME an admin (repeatable); the first person to sign in is admin otherwise")
+
+    reward = parser.add_argument_group("reward model (--train-reward)")
+    reward.add_argument("--data", metavar="FILE",
+                        help="train on this file instead of the votes: JSONL, Parquet or a Hugging Face dataset folder "
+                             "with columns prompt, chosen, rejected (TRL's format)")
+    reward.add_argument("--out", metavar="DIR", help="where to save (default data/checkpoints/reward-<timestamp>)")
+    reward.add_argument("--rm-warm-start", metavar="DIR",
+                        help="continue from this saved reward model instead of starting from --model")
+    reward.add_argument("--rm-epochs", type=int, metavar="N", help="passes over the training pairs (default 1)")
+    reward.add_argument("--rm-lr", type=float, metavar="LR", help="peak learning rate (default 2e-5)")
+    reward.add_argument("--rm-batch-size", type=int, metavar="N", help="pairs per forward pass (default 8)")
+    reward.add_argument("--rm-grad-accum", type=int, metavar="N",
+                        help="forward passes per optimizer step (default 1)")
+    reward.add_argument("--rm-max-length", type=int, metavar="N",
+                        help="tokens per prompt + answer; the prompt's start is cut first (default 512)")
+    reward.add_argument("--rm-loss", choices=["divergence", "last_token"],
+                        help="pairwise loss over the diverging positions (DeepSpeed-Chat, default) or on the "
+                             "last token only (TRL)")
+    reward.add_argument("--rm-margin", type=float, metavar="M", help="margin in the pairwise loss (default 0)")
+    reward.add_argument("--rm-center-coef", type=float, metavar="C",
+                        help="reward centering coefficient (default 0)")
+    reward.add_argument("--rm-heldout-fraction", type=float, metavar="F",
+                        help="share of pairs held out to measure accuracy (default 0.1)")
+    reward.add_argument("--rm-seed", type=int, metavar="N", help="seed of the split, head and shuffling (default 0)")
     return parser
 
 
