@@ -296,3 +296,37 @@ def test_command_without_votes_or_data_says_where_to_get_them(tmp_path, capsys):
     code = app.main(["--train-reward", "--db", str(tmp_path / "missing.db")])
     assert code == 2
     assert "No database at" in capsys.readouterr().err
+
+
+def store_with_votes(db, pairs, tie_pairs=0):
+    """A database where each pair's chosen answer (gen_a) won one vote; `tie_pairs` extra pairs got a tie."""
+    from annotate.records import Answer, NewPair
+    from annotate.store import Store
+
+    store = Store(db)
+    store.add_prompts(sorted({p.prompt for p in pairs}), source="test")
+    prompt_ids = {prompt.text: prompt.id for prompt in store.prompts()}
+    policy = store.add_policy(0, "base")
+    new_pairs = [NewPair(prompt_ids[p.prompt], Answer(policy, p.chosen, 5, "stop"),
+                         Answer(policy, p.rejected, 5, "stop"), "sample") for p in pairs]
+    for index, pair_id in enumerate(store.add_pairs_bulk(new_pairs)):
+        store.record_vote(pair_id, "ann", "tie" if index < tie_pairs else "a", a_on_left=index % 2 == 0)
+    store.close()
+
+
+def test_command_trains_on_the_majority_votes_of_the_store(tiny_model_dir, tmp_path, capsys):
+    db = tmp_path / "votes.db"
+    store_with_votes(db, marker_pairs(22, seed=2), tie_pairs=2)  # ties are not preferences
+    code = app.main(["--train-reward", "--db", str(db), "--model", str(tiny_model_dir), "--out", str(tmp_path / "rm")])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "on 20 preference pairs" in captured.err
+    assert "on 2 pairs (trained on 18" in captured.out
+
+
+def test_command_with_too_few_votes_asks_for_more(tiny_model_dir, tmp_path, capsys):
+    db = tmp_path / "votes.db"
+    store_with_votes(db, marker_pairs(3, seed=2))
+    assert app.main(["--train-reward", "--db", str(db), "--model", str(tiny_model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "Only 3 preference pairs" in err and "Collect more votes" in err
