@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -120,11 +121,14 @@ def default_out_dir() -> Path:
 
 
 def build_accelerator(config: RewardTrainConfig):
-    """An Accelerator in the precision the config asks for; `accelerate launch`'s own setting wins over auto."""
-    import os
+    """An Accelerator in the precision the config asks for; `accelerate launch`'s own setting wins over auto.
 
+    Without a GPU, `cpu=True` is what lets accelerate join the processes that `torchrun` starts (gloo);
+    without it every process trains alone and they all write the same checkpoint.
+    """
     from accelerate import Accelerator
 
+    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
     precision: str | None = config.mixed_precision
     if precision == "auto":
         if "ACCELERATE_MIXED_PRECISION" in os.environ:
@@ -133,7 +137,7 @@ def build_accelerator(config: RewardTrainConfig):
             precision = "bf16"
         else:
             precision = "no"
-    return Accelerator(mixed_precision=precision)
+    return Accelerator(mixed_precision=precision, cpu=not has_accelerator)
 
 
 def pair_metrics(loss: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
@@ -346,6 +350,11 @@ def load_pairs_for_command(args) -> list[PairLike]:
         return list(store.preferences())
 
 
+def is_main_process() -> bool:
+    """True in a lone process and in rank 0 of `torchrun` / `accelerate launch` (which set RANK)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def command_train_reward(args) -> int:
     """`python app.py --train-reward`: train on the votes (or --data), save, print the held-out accuracy."""
     try:
@@ -355,12 +364,15 @@ def command_train_reward(args) -> int:
         return 2
     try:
         pairs = load_pairs_for_command(args)
-        source = args.data or args.db
-        print(f"Training the reward model on {len(pairs)} preference pairs from {source} ...", file=sys.stderr)
+        if is_main_process():
+            print(f"Training the reward model on {len(pairs)} preference pairs from {args.data or args.db} ...",
+                  file=sys.stderr)
         result = train_reward_model(pairs, config)
     except (PreferenceDataError, ModelNotFoundError) as error:
         print(f"app.py --train-reward: {error}", file=sys.stderr)
         return 2
+    if not is_main_process():
+        return 0
     metrics = result.metrics
     if result.heldout_accuracy is None:
         print("Held-out accuracy: not measured (nothing held out).")
