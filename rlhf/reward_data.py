@@ -178,6 +178,8 @@ def tokenize_pairs(tokenizer, pairs: Sequence[PairLike], max_length: int) -> lis
     """
     if max_length < 4:
         raise PreferenceDataError(f"max_length must be at least 4 tokens, got {max_length}.")
+    if not pairs:
+        return []
     eos = tokenizer.eos_token_id
     # a chat template writes its own special tokens; plain prompts get what the tokenizer adds by default
     add_special = not getattr(tokenizer, "chat_template", None)

@@ -108,6 +108,23 @@ def test_freeze_backbone_leaves_only_the_head_trainable(tiny_model_dir):
     assert [name for name, p in model.named_parameters() if p.requires_grad] == ["v_head.weight"]
 
 
+@pytest.mark.slow
+def test_default_model_scores_agree_under_left_and_right_padding(real_tokenizer):
+    model = RewardModel.from_causal_lm("default").eval()
+    texts = ["The capital of France is Paris.", "Hi"]
+    rows = [real_tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    scores = {}
+    with torch.no_grad():
+        for side in ("left", "right"):
+            real_tokenizer.padding_side = side
+            batch = real_tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+            scores[side] = model.forward_value(batch["input_ids"], batch["attention_mask"]).scores  # (2,)
+        alone = torch.cat([model.forward_value(torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long)).scores
+                           for r in rows])
+    torch.testing.assert_close(scores["left"], alone, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(scores["right"], alone, atol=1e-4, rtol=1e-4)
+
+
 # ---- pairs to tokens to batches ------------------------------------------------------------------
 
 
@@ -247,6 +264,18 @@ def test_warm_start_continues_from_the_saved_reward_model(trained):
     again = train_reward_model(marker_pairs(120, seed=0), config)
     assert again.heldout_accuracy == result.heldout_accuracy
     assert again.metrics["rm/heldout_loss"] == pytest.approx(result.metrics["rm/heldout_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("grad_accum, epochs, max_steps, expected_steps", [
+    (5, 2, None, 6),  # 90 pairs / 8 = 12 passes -> windows of 5, 5, 2 -> 3 steps an epoch
+    (1, 2, 4, 4),  # max_steps stops the run early
+])
+def test_optimizer_steps_count_accumulation_windows(tiny_model_dir, grad_accum, epochs, max_steps, expected_steps):
+    config = RewardTrainConfig(model=str(tiny_model_dir), batch_size=8, grad_accum=grad_accum, epochs=epochs,
+                               max_steps=max_steps, heldout_fraction=0.0, show_progress=False)
+    result = train_reward_model(marker_pairs(90, seed=0), config)
+    assert result.metrics["rm/steps"] == expected_steps
+    assert result.heldout_accuracy is None and result.path is None
 
 
 def test_too_few_pairs_is_an_error_before_any_model_is_loaded():
