@@ -11,6 +11,7 @@ marks the folder as a reward model and records where it came from.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -136,9 +137,60 @@ class RewardModel(nn.Module):
         values = self.v_head(hidden).squeeze(-1)  # (B, L)
         return RewardOutput(values=values, scores=last_token_scores(values, attention_mask))  # (B, L), (B,)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> RewardOutput:
-        """Same as `forward_value`; calling the module goes through wrappers (DDP, autocast) that accelerate adds."""
-        return self.forward_value(input_ids, attention_mask)
+    def forward_shared_prompt(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        answer_ids: torch.Tensor,
+        answer_mask: torch.Tensor,
+    ) -> RewardOutput:
+        """Values and scores of answers that continue shared prompts, each prompt run through the backbone once.
+
+        prompt_ids/prompt_mask (N, P) are LEFT-padded; answer_ids/answer_mask (kN, A) are RIGHT-padded, and
+        answer row r continues prompt row r % N (for pairs, k = 2: chosen rows [0, N), rejected rows [N, 2N)).
+        The result covers the answer positions only: values (kN, A), scores (kN,), the same numbers as
+        `forward_value` on the concatenated rows (the prompt's keys and values are reused from a cache,
+        and gradients flow back through them).
+        """
+        n_prompts, prompt_len = prompt_ids.shape
+        if answer_ids.shape[0] % n_prompts:
+            raise ValueError(f"{answer_ids.shape[0]} answer rows do not split evenly over {n_prompts} prompts")
+        prompt_out = self.backbone(
+            input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
+            use_cache=True,
+        )
+        cache = prompt_out["cache"] if "cache" in prompt_out else prompt_out["past_key_values"]
+        rows = torch.arange(answer_ids.shape[0], device=answer_ids.device) % n_prompts  # (kN,) prompt of each answer
+        cache.batch_select_indices(rows)
+        full_mask = torch.cat([prompt_mask[rows], answer_mask], dim=1)  # (kN, P + A)
+        hidden = self.backbone(
+            input_ids=answer_ids, attention_mask=full_mask,
+            position_ids=position_ids_from_mask(full_mask)[:, prompt_len:],
+            use_cache=True, **{self._cache_argument(): cache},
+        ).last_hidden_state  # (kN, A, D)
+        values = self.v_head(hidden).squeeze(-1)  # (kN, A)
+        return RewardOutput(values=values, scores=last_token_scores(values, answer_mask))  # (kN, A), (kN,)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_ids: torch.Tensor | None = None,
+        prompt_mask: torch.Tensor | None = None,
+    ) -> RewardOutput:
+        """`forward_value(input_ids, ...)`, or with prompts `forward_shared_prompt(prompt_ids, ..., input_ids, ...)`.
+
+        Training calls the module rather than the methods because accelerate's wrappers (DDP, autocast) sit
+        on `forward`.
+        """
+        if prompt_ids is None:
+            return self.forward_value(input_ids, attention_mask)
+        return self.forward_shared_prompt(prompt_ids, prompt_mask, input_ids, attention_mask)
+
+    def _cache_argument(self) -> str:
+        """transformers 5 names the cache argument `cache`; 4.x called it `past_key_values`."""
+        parameters = inspect.signature(self.backbone.forward).parameters
+        return "cache" if "cache" in parameters else "past_key_values"
 
     def freeze_backbone(self) -> None:
         """Train the value head only (a linear probe on the decoder's features)."""

@@ -43,10 +43,21 @@ class PreferencePair:
 
 @dataclass(frozen=True)
 class TokenizedPair:
-    """The token ids of prompt + answer + EOS for both answers of a pair, already truncated."""
+    """The token ids of a pair, already truncated: the shared prompt and each answer (ending in EOS)."""
 
-    chosen_ids: list[int]
-    rejected_ids: list[int]
+    prompt_ids: list[int]
+    chosen_answer_ids: list[int]
+    rejected_answer_ids: list[int]
+
+    @property
+    def chosen_ids(self) -> list[int]:
+        """prompt + chosen answer: the sequence the reward model scores."""
+        return self.prompt_ids + self.chosen_answer_ids
+
+    @property
+    def rejected_ids(self) -> list[int]:
+        """prompt + rejected answer."""
+        return self.prompt_ids + self.rejected_answer_ids
 
 
 def pairs_from_rows(rows: Sequence[dict], source: str) -> list[PreferencePair]:
@@ -165,8 +176,9 @@ def truncate_pair(
     kept_prompt = prompt_ids[max(0, len(prompt_ids) - prompt_room):]
     answer_room = max_length - len(kept_prompt)
     return TokenizedPair(
-        chosen_ids=kept_prompt + chosen_ids[max(0, len(chosen_ids) - answer_room):],
-        rejected_ids=kept_prompt + rejected_ids[max(0, len(rejected_ids) - answer_room):],
+        prompt_ids=kept_prompt,
+        chosen_answer_ids=chosen_ids[max(0, len(chosen_ids) - answer_room):],
+        rejected_answer_ids=rejected_ids[max(0, len(rejected_ids) - answer_room):],
     )
 
 
@@ -198,20 +210,36 @@ def tokenize_pairs(tokenizer, pairs: Sequence[PairLike], max_length: int) -> lis
 
 
 class PairCollator:
-    """collate_fn over `TokenizedPair`s: B pairs -> {"input_ids", "attention_mask"}, each (2B, L).
+    """collate_fn over `TokenizedPair`s: B pairs -> a dict of tensors for `RewardModel.forward(**batch)`.
 
-    Rows [0, B) are the chosen sequences, rows [B, 2B) the rejected ones, right-padded to the longest row.
+    Always "input_ids" and "attention_mask", (2B, L), RIGHT-padded: rows [0, B) chosen, rows [B, 2B)
+    rejected. Without `share_prompt` the rows are whole sequences (prompt + answer). With it they are the
+    answers only, and "prompt_ids"/"prompt_mask" (B, P), LEFT-padded, hold each pair's prompt once, so the
+    backbone reads every prompt once instead of twice; the loss sees the same answer positions either way.
     """
 
-    def __init__(self, pad_token_id: int):
+    def __init__(self, pad_token_id: int, share_prompt: bool = False):
         self.pad_token_id = pad_token_id
+        self.share_prompt = share_prompt
 
     def __call__(self, pairs: Sequence[TokenizedPair]) -> dict[str, torch.Tensor]:
-        rows = [pair.chosen_ids for pair in pairs] + [pair.rejected_ids for pair in pairs]
+        if not self.share_prompt:
+            rows = [pair.chosen_ids for pair in pairs] + [pair.rejected_ids for pair in pairs]
+            input_ids, attention_mask = self.pad(rows, side="right")  # (2B, L), (2B, L)
+            return {"input_ids": input_ids, "attention_mask": attention_mask}
+        answers = [pair.chosen_answer_ids for pair in pairs] + [pair.rejected_answer_ids for pair in pairs]
+        answer_ids, answer_mask = self.pad(answers, side="right")  # (2B, A), (2B, A)
+        prompt_ids, prompt_mask = self.pad([pair.prompt_ids for pair in pairs], side="left")  # (B, P), (B, P)
+        return {"input_ids": answer_ids, "attention_mask": answer_mask, "prompt_ids": prompt_ids,
+                "prompt_mask": prompt_mask}
+
+    def pad(self, rows: Sequence[list[int]], side: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of token ids -> (ids, mask), both (len(rows), longest row), padded on `side`."""
         length = max(len(row) for row in rows)
-        input_ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)  # (2B, L)
-        attention_mask = torch.zeros((len(rows), length), dtype=torch.long)  # (2B, L)
+        ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)  # (N, L)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)  # (N, L)
         for index, row in enumerate(rows):
-            input_ids[index, : len(row)] = torch.tensor(row, dtype=torch.long)
-            attention_mask[index, : len(row)] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+            span = slice(0, len(row)) if side == "right" else slice(length - len(row), length)
+            ids[index, span] = torch.tensor(row, dtype=torch.long)
+            mask[index, span] = 1
+        return ids, mask

@@ -83,8 +83,10 @@ class RewardTrainConfig:
     """auto: bf16 on CUDA GPUs that support it, fp32 elsewhere (or what `accelerate launch` was configured with)."""
     freeze_backbone: bool = False
     """Train the value head only, on the frozen decoder's features."""
+    share_prompt: bool = True
+    """Run each pair's prompt through the backbone once for both answers (its cache feeds both): fewer tokens."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass: less memory, about a third more compute."""
+    """Recompute activations in the backward pass: less memory, about a third more compute (turns share_prompt off)."""
     show_progress: bool = True
     """Show a tqdm bar on the terminal (main process only)."""
 
@@ -161,8 +163,13 @@ def sums_to_metrics(sums: torch.Tensor, prefix: str) -> dict[str, float]:
 
 
 def batch_loss(model, batch: dict[str, torch.Tensor], config: RewardTrainConfig):
-    """One forward pass over chosen + rejected rows and the pairwise loss; returns (loss, chosen (B,), rejected (B,))."""
-    output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    """One forward pass over the chosen and rejected rows, then the pairwise loss.
+
+    With a shared-prompt batch the values cover the answers only; since both answers of a pair follow the
+    same prompt, the divergence span and the last tokens are the same positions as in whole sequences.
+    Returns (loss, chosen scores (B,), rejected scores (B,)).
+    """
+    output = model(**batch)
     n_pairs = batch["input_ids"].shape[0] // 2
     ids, mask, values = batch["input_ids"], batch["attention_mask"], output.values  # (2B, L) each
     return pairwise_loss(
@@ -226,7 +233,7 @@ def train_reward_model(
         model.freeze_backbone()
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    collate = PairCollator(tokenizer.pad_token_id)
+    collate = PairCollator(tokenizer.pad_token_id, share_prompt=config.share_prompt and not config.gradient_checkpointing)
     train_loader = DataLoader(
         tokenize_pairs(tokenizer, train_pairs, config.max_length), batch_size=config.batch_size, shuffle=True,
         collate_fn=collate, generator=torch.Generator().manual_seed(config.seed),
@@ -341,8 +348,8 @@ def load_pairs_for_command(args) -> list[PairLike]:
         return load_preference_file(args.data)
     if not Path(args.db).is_file():
         raise PreferenceDataError(
-            f"No database at {args.db}: nothing has been voted on yet. Collect votes in the app first, pass "
-            "--db PATH, or train from a file with --data FILE (JSONL or a dataset folder with prompt, chosen, rejected)."
+            f"No database at {args.db}: nothing has been voted on yet. Collect votes in the app first, pass --db PATH, "
+            "or train from a file with --data FILE (JSONL or a dataset folder with prompt, chosen, rejected)."
         )
     from annotate.store import Store
 

@@ -133,8 +133,9 @@ def test_truncation_cuts_the_prompt_from_the_left_by_the_same_amount_for_both_an
     chosen, rejected = [1, 2, 3], [4, 5, 6, 7, 8]
     # room 12: the longer answer (5) leaves 7 for the prompt, so both keep the prompt's last 7 tokens
     pair = truncate_pair(prompt, chosen, rejected, max_length=12)
+    assert pair.prompt_ids == [103, 104, 105, 106, 107, 108, 109]
+    assert pair.chosen_answer_ids == [1, 2, 3] and pair.rejected_answer_ids == [4, 5, 6, 7, 8]
     assert pair.chosen_ids == [103, 104, 105, 106, 107, 108, 109, 1, 2, 3]
-    assert pair.rejected_ids == [103, 104, 105, 106, 107, 108, 109, 4, 5, 6, 7, 8]
     # everything fits: nothing is cut
     assert truncate_pair([9], [1], [2, 3], max_length=12).rejected_ids == [9, 2, 3]
     # answers longer than the room: the prompt keeps half of max_length, answers keep their ends
@@ -153,28 +154,58 @@ def test_tokenized_pair_is_formatted_prompt_then_answer_then_one_eos(tokenizer):
     assert pair.rejected_ids == prompt_ids + rejected_ids + [tokenizer.eos_token_id]  # not a second EOS
 
 
+PAIRS = [TokenizedPair([1, 2], [3], [4, 5]), TokenizedPair([6], [7], [8])]  # (prompt, chosen answer, rejected answer)
+
+
 def test_collator_stacks_chosen_rows_then_rejected_rows_right_padded():
-    pairs = [TokenizedPair([1, 2, 3], [1, 2, 4, 5]), TokenizedPair([6, 7], [6, 8])]
-    batch = PairCollator(pad_token_id=0)(pairs)
+    batch = PairCollator(pad_token_id=0)(PAIRS)
     assert batch["input_ids"].tolist() == [[1, 2, 3, 0], [6, 7, 0, 0], [1, 2, 4, 5], [6, 8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
+    assert set(batch) == {"input_ids", "attention_mask"}
 
 
-def test_chosen_and_rejected_go_through_the_model_in_one_forward_pass(tiny_model_dir):
+def test_shared_prompt_collator_holds_each_prompt_once_left_padded_and_answers_right_padded():
+    batch = PairCollator(pad_token_id=0, share_prompt=True)(PAIRS)
+    assert batch["prompt_ids"].tolist() == [[1, 2], [0, 6]]
+    assert batch["prompt_mask"].tolist() == [[1, 1], [0, 1]]
+    assert batch["input_ids"].tolist() == [[3, 0], [7, 0], [4, 5], [8, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 0], [1, 0], [1, 1], [1, 0]]
+
+
+@pytest.mark.parametrize("share_prompt, expected_calls", [
+    (False, [torch.Size([4, 4])]),  # one pass over 2B whole sequences
+    (True, [torch.Size([2, 2]), torch.Size([4, 2])]),  # the B prompts once, then the 2B answers
+])
+def test_chosen_and_rejected_go_through_the_model_together(tiny_model_dir, share_prompt, expected_calls):
     model = RewardModel.from_causal_lm(tiny_model_dir)
     shapes = []
     model.backbone.register_forward_hook(lambda module, args, kwargs, out: shapes.append(kwargs["input_ids"].shape),
                                          with_kwargs=True)
-    pairs = [TokenizedPair([1, 2, 3], [1, 2, 4, 5]), TokenizedPair([6, 7], [6, 8]), TokenizedPair([9], [10])]
-    batch = PairCollator(pad_token_id=0)(pairs)
+    batch = PairCollator(pad_token_id=0, share_prompt=share_prompt)(PAIRS)
     loss, chosen, rejected = batch_loss(model, batch, RewardTrainConfig())
-    assert shapes == [torch.Size([6, 4])]
-    assert chosen.shape == rejected.shape == (3,)
+    assert shapes == expected_calls
+    assert chosen.shape == rejected.shape == (2,)
+    whole = PairCollator(pad_token_id=0)(PAIRS)
     with torch.no_grad():
-        scores = model.forward_value(batch["input_ids"], batch["attention_mask"]).scores  # (6,)
-    torch.testing.assert_close(chosen, scores[:3])
-    torch.testing.assert_close(rejected, scores[3:])
+        scores = model.forward_value(whole["input_ids"], whole["attention_mask"]).scores  # (4,)
+    torch.testing.assert_close(chosen, scores[:2])
+    torch.testing.assert_close(rejected, scores[2:])
     assert loss.requires_grad
+
+
+def test_sharing_the_prompt_gives_the_same_loss_and_gradients_as_whole_sequences(tiny_model_dir, tokenizer):
+    pairs = tokenize_pairs(tokenizer, marker_pairs(3, seed=5) + [PreferencePair("Hi", "Hello there.", "Go.")], 128)
+    config = RewardTrainConfig()
+    results = {}
+    for share_prompt in (False, True):
+        model = RewardModel.from_causal_lm(tiny_model_dir)  # the same seeded head each time
+        torch.manual_seed(0)
+        model.v_head.reset_parameters()
+        loss, chosen, rejected = batch_loss(model, PairCollator(tokenizer.pad_token_id, share_prompt)(pairs), config)
+        loss.backward()
+        results[share_prompt] = (loss, chosen, rejected, model.backbone.layers[0].self_attn.q_proj.weight.grad)
+    for whole, shared in zip(results[False], results[True]):
+        torch.testing.assert_close(shared, whole, atol=1e-5, rtol=1e-4)
 
 
 def test_split_is_seeded_by_pair_and_disjoint():
