@@ -35,12 +35,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default="default", help="causal LM to start from (default: the embedded one)")
     parser.add_argument("--pairs", type=int, default=200, help="synthetic pairs, held-out ones included (default 200)")
     parser.add_argument("--heldout-fraction", type=float, default=0.2, help="share held out (default 0.2)")
-    parser.add_argument("--steps", type=int, default=None, help="stop after this many optimizer steps (default: 1 epoch)")
+    parser.add_argument("--steps", type=int, default=None, help="stop after N optimizer steps (default: 1 epoch)")
     parser.add_argument("--epochs", type=int, default=1, help="passes over the training pairs (default 1)")
     parser.add_argument("--batch-size", type=int, default=8, help="pairs per step (default 8)")
     parser.add_argument("--max-length", type=int, default=128, help="tokens per sequence (default 128)")
     parser.add_argument("--lr", type=float, default=2e-5, help="peak learning rate (default 2e-5)")
     parser.add_argument("--loss", choices=["divergence", "last_token"], default="divergence", help="loss form")
+    parser.add_argument("--no-share-prompt", action="store_true",
+                        help="run the prompt twice per pair (whole sequences), for comparison")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, split and training (default 0)")
     args = parser.parse_args(argv)
@@ -52,6 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
         model=args.model, learning_rate=args.lr, epochs=args.epochs, max_steps=args.steps,
         batch_size=args.batch_size, max_length=args.max_length, loss_form=args.loss,
         heldout_fraction=args.heldout_fraction, seed=args.seed, eval_batch_size=args.batch_size,
+        share_prompt=not args.no_share_prompt,
     )
     started = time.perf_counter()
     result = train_reward_model(pairs, config)
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
         "batch_size": args.batch_size,
         "max_length": args.max_length,
         "loss_form": args.loss,
+        "share_prompt": not args.no_share_prompt,
         "n_train": metrics["rm/n_train"],
         "n_heldout": metrics["rm/n_heldout"],
         "steps": metrics["rm/steps"],
