@@ -116,9 +116,13 @@ class RewardModel(nn.Module):
                       "hidden_size": int(head.shape[1]), "backbone_class": type(self.backbone).__name__,
                       "info": self.info}
             (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2, default=str), encoding="utf-8")
-            if path.exists():
-                shutil.rmtree(path)
+            old = None
+            if path.exists():  # move the previous model aside first: at every moment one whole model is there
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}-old-", dir=path.parent))
+                os.replace(path, old / path.name)
             os.replace(staging, path)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

@@ -88,6 +88,8 @@ def test_save_and_load_give_identical_scores(tiny_model_dir, tokenizer, tmp_path
     assert {"config.json", "model.safetensors", "v_head.safetensors", "reward_model.json",
             "tokenizer_config.json"} <= {p.name for p in folder.iterdir()}
     assert not list(tmp_path.glob(".rm-*")), "the staging folder is renamed, not left behind"
+    model.save_pretrained(folder, tokenizer=tokenizer)  # saving over an earlier model replaces it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rm"]
     loaded = RewardModel.from_pretrained(folder).eval()
     with torch.no_grad():
         before, after = model.forward_value(ids, mask), loaded.forward_value(ids, mask)
