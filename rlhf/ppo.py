@@ -38,7 +38,6 @@ from rlhf.ppo_experience import (
     response_log_probs,
     response_values,
     sampling_config,
-    value_outputs,
 )
 
 Tensor = torch.Tensor
@@ -112,6 +111,8 @@ class PPOConfig:
     """Passes over the prompts when steps is 0."""
     seed: int = 42
     """Seed of sampling, prompt order and LoRA initialisation."""
+    reuse_forward: bool = True
+    """With one epoch over one mini-batch, take old log-probs/values from the update's own forward pass."""
 
     def __post_init__(self):
         if self.batch_size < 1 or self.mini_batch_size < 1 or self.ppo_epochs < 1:
@@ -120,9 +121,9 @@ class PPOConfig:
             raise ValueError("min_new_tokens cannot exceed max_new_tokens")
 
     @property
-    def reuse_first_forward(self) -> bool:
-        """One epoch over one mini-batch: the update's own forward pass gives the old log-probs and values."""
-        return self.ppo_epochs == 1 and self.mini_batch_size >= self.batch_size
+    def fused_first_update(self) -> bool:
+        """Whether the experience pass of actor and critic is also the (only) update's forward pass."""
+        return self.reuse_forward and self.ppo_epochs == 1 and self.mini_batch_size >= self.batch_size
 
 
 def make_accelerator() -> Accelerator:
@@ -134,8 +135,8 @@ def make_accelerator() -> Accelerator:
 class PPOTrainer:
     """Runs PPO steps on batches of prompts.
 
-    actor: causal LM, trained (a peft model in LoRA mode). critic: value model with
-    `forward_value(input_ids, attention_mask) -> (values (B, L), scores (B,))`, trained.
+    actor: causal LM, trained (a peft model in LoRA mode). critic: value model (`rlhf.reward.RewardModel`
+    or anything whose `forward_value(input_ids, attention_mask)` has .values (B, L), .scores (B,)), trained.
     reference: frozen causal LM; None means the actor with its adapters disabled (LoRA mode only).
     reward_model: frozen value model; None means the critic with its adapters disabled (LoRA mode, when
     the critic was initialised from the reward model, as DeepSpeed-Chat initialises it).
@@ -202,10 +203,10 @@ class PPOTrainer:
     def reward_scores(self, sequences: Tensor, attention_mask: Tensor) -> Tensor:
         """(B,) reward-model scores of whole sequences; call under inference_mode."""
         if self.reward_model is not None:
-            return value_outputs(self.reward_model.forward_value(sequences, attention_mask))[1]
+            return self.reward_model.forward_value(sequences, attention_mask).scores
         critic = self.unwrapped_critic()
         with critic.disable_adapter():
-            return value_outputs(critic.forward_value(sequences, attention_mask))[1]
+            return critic.forward_value(sequences, attention_mask).scores
 
     # ----- phases 4 and 5 -----
 
@@ -272,25 +273,22 @@ class PPOTrainer:
 
     # ----- the step -----
 
-    def step(self, prompts: list[str]) -> dict[str, float]:
-        """One PPO step on a batch of prompts; returns the step's metrics (averaged over processes)."""
-        config, accelerator = self.config, self.accelerator
+    def generate(self, prompts: list[str]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Phase 1: (sequences, attention_mask, action_mask, ended) sampled by the actor for `prompts`."""
         batch = self.encode_prompts(prompts)
-        start = time.perf_counter()
-
-        # 1 generate: sampling with the KV cache, left-padded prompts, masks cut after the first EOS
-        with torch.inference_mode(), accelerator.autocast():
+        with torch.inference_mode(), self.accelerator.autocast():
             generated = generate_responses(self.unwrapped_actor(), batch["input_ids"], batch["attention_mask"],
                                            self.generation_config, self.tokenizer.eos_token_id)
-        sequences, attention_mask, action_mask, ended = (t.clone() for t in generated)
-        width = action_mask.shape[1]
-        generated_at = time.perf_counter()
+        return tuple(t.clone() for t in generated)  # clones are ordinary tensors, usable in autograd
 
-        # 2 log-probs and 3 values; with one epoch over one mini-batch, the update's own forward
-        # (with gradients) gives the old log-probs and values, saving a pass of actor and critic
-        reuse = config.reuse_first_forward
-        with accelerator.autocast():
-            if reuse:
+    def evaluate(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor, ended: Tensor,
+                 keep_graph: bool = False) -> tuple[Experience, tuple | None]:
+        """Phases 2-5 on a generated batch: the Experience, and (log_probs, values, entropy) with
+        gradients when `keep_graph` (so the first update can reuse this forward pass)."""
+        width = action_mask.shape[1]
+        with self.accelerator.autocast():
+            # 2 log-probs (actor, reference) and 3 values (critic) and scores (reward model)
+            if keep_graph:
                 trainable = self.trainable_forward(sequences, attention_mask, width)
             else:
                 with torch.inference_mode():
@@ -299,33 +297,44 @@ class PPOTrainer:
                 ref_log_probs = self.reference_log_probs(sequences, attention_mask, width)  # (B, T)
                 reward_score = self.reward_scores(sequences, attention_mask)  # (B,)
         log_probs, values = (t.detach().clone().float() for t in trainable[:2])  # (B, T) each
-        ref_log_probs, reward_score = ref_log_probs.clone().float(), reward_score.clone().float()
-
         # 4 rewards and 5 advantages
         experience = self.make_experience(sequences, attention_mask, action_mask, ended, log_probs,
-                                          ref_log_probs, values, reward_score)
-        scored_at = time.perf_counter()
+                                          ref_log_probs.clone().float(), values, reward_score.clone().float())
+        return experience, trainable if keep_graph else None
 
-        # 6 updates: ppo_epochs passes over shuffled mini-batches
+    def update(self, experience: Experience, trainable: tuple | None = None) -> list[dict]:
+        """Phase 6: ppo_epochs passes over shuffled mini-batches, or one step on `trainable` when given."""
+        if trainable is not None:
+            return [self.optimise(experience, *trainable)]
         stats = []
-        if reuse:
-            stats.append(self.optimise(experience, *trainable))
-        else:
-            for _epoch in range(config.ppo_epochs):
-                for index in self.minibatches(len(prompts)):
-                    mini = experience.select(index)
-                    with accelerator.autocast():
-                        trainable = self.trainable_forward(mini.sequences, mini.attention_mask, width)
-                        stats.append(self.optimise(mini, *trainable))
+        width = experience.action_mask.shape[1]
+        for _epoch in range(self.config.ppo_epochs):
+            for index in self.minibatches(experience.sequences.shape[0]):
+                mini = experience.select(index)
+                with self.accelerator.autocast():
+                    trainable = self.trainable_forward(mini.sequences, mini.attention_mask, width)
+                    stats.append(self.optimise(mini, *trainable))
+        return stats
+
+    def step(self, prompts: list[str]) -> dict[str, float]:
+        """One PPO step on a batch of prompts; returns the step's metrics (averaged over processes)."""
+        start = time.perf_counter()
+        sequences, attention_mask, action_mask, ended = self.generate(prompts)  # 1
+        generated_at = time.perf_counter()
+        # With one epoch over one mini-batch the update's own forward gives the old log-probs and values:
+        # the same numbers, one actor and one critic pass fewer.
+        experience, trainable = self.evaluate(sequences, attention_mask, action_mask, ended,
+                                              keep_graph=self.config.fused_first_update)  # 2-5
+        scored_at = time.perf_counter()
+        stats = self.update(experience, trainable)  # 6
         updated_at = time.perf_counter()
 
-        kl_per_sequence = experience.kl.sum(dim=-1)  # (B,)
         kl_ctl_used = self.kl_controller.value
         metrics = {name: torch.stack([s[name] for s in stats]).float().mean() for name in stats[0]}
         metrics.update({
             "ppo/reward": experience.rewards.sum(dim=-1).mean(),
             "ppo/score": experience.reward_score.mean(),
-            "ppo/kl": kl_per_sequence.mean(),
+            "ppo/kl": experience.kl.sum(dim=-1).mean(),
             "ppo/response_len": experience.response_length.float().mean(),
             "ppo/ended": experience.ended.float().mean(),
             "ppo/advantages": masked_mean(experience.advantages, action_mask),
@@ -334,10 +343,10 @@ class PPOTrainer:
             "gen/tokens_per_s": action_mask.sum() / max(generated_at - start, 1e-9),
         })
         names = list(metrics)
-        reduced = accelerator.reduce(torch.stack([metrics[n].float().to(accelerator.device) for n in names]),
-                                     reduction="mean")
+        stacked = torch.stack([metrics[n].float().to(self.accelerator.device) for n in names])
+        reduced = self.accelerator.reduce(stacked, reduction="mean")
         result = {name: float(value) for name, value in zip(names, reduced.tolist())}
-        self.kl_controller.update(result["ppo/kl"], len(prompts) * accelerator.num_processes)
+        self.kl_controller.update(result["ppo/kl"], len(prompts) * self.accelerator.num_processes)
         result.update({"ppo/kl_ctl": kl_ctl_used, "time/generate": generated_at - start,
                        "time/score": scored_at - generated_at, "time/update": updated_at - scored_at})
         return result

@@ -145,26 +145,22 @@ def response_log_probs(
     return log_probs, entropy
 
 
-def value_outputs(output) -> tuple[Tensor, Tensor]:
-    """(values (B, L), scores (B,)) from a value model's `forward_value` output (a pair or a mapping)."""
-    if isinstance(output, dict):
-        return output["values"], output["scores"]
-    values, scores = output
-    return values, scores
-
-
 def response_values(values: Tensor, response_width: int) -> Tensor:
     """Per-position values (B, P+T) -> the values of the states before each response token (B, T)."""
     return values[:, -response_width - 1:-1]  # (B, T)
 
 
 class ValueHeadCall(torch.nn.Module):
-    """Wraps a value model so its `forward_value` is its `forward`: what DDP and accelerate expect to call."""
+    """Calls a value model's `forward_value` (-> .values (B, L), .scores (B,)) as `forward`, returning the values.
+
+    Accelerate's wrappers (DDP, autocast) hook `forward`; a peft-wrapped critic forwards `forward_value`
+    to its base model but its own `forward` expects a transformers model, so the critic is called
+    through this module.
+    """
 
     def __init__(self, value_model: torch.nn.Module):
         super().__init__()
         self.value_model = value_model
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        values, _scores = value_outputs(self.value_model.forward_value(input_ids, attention_mask))
-        return values  # (B, L)
+        return self.value_model.forward_value(input_ids, attention_mask).values  # (B, L)
