@@ -175,7 +175,9 @@ class PPOTrainer:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError(f"{type(model).__name__} has no trainable parameters")
-        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=self.config.weight_decay)
+        # fused: one kernel per tensor instead of six elementwise passes (CPU and CUDA both have it)
+        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=self.config.weight_decay,
+                                 fused=True)
 
     # ----- the models, unwrapped for passes without gradients -----
 

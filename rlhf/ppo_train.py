@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
 from accelerate import Accelerator
 from peft import LoraConfig, get_peft_model
 from torch import nn
@@ -52,22 +53,20 @@ def add_lora(model: nn.Module, config: PPOConfig, causal_lm: bool):
         modules_to_save=None if causal_lm else ["v_head"],
         task_type="CAUSAL_LM" if causal_lm else None,
     )
+    torch.manual_seed(config.seed)  # the adapters' random A matrices
     return get_peft_model(model, lora_config)
 
 
-def train_ppo(
+def build_ppo_trainer(
     actor_path: str | Path,
     reward_model_path: str | Path,
-    prompts: list[str],
     config: PPOConfig,
-    out_dir: str | Path,
     reference_path: str | Path | None = None,
     critic_path: str | Path | None = None,
-    on_step: Callable[[dict], None] | None = None,
     accelerator: Accelerator | None = None,
-) -> PPOResult:
-    """PPO from model folders: actor (and by default reference) from `actor_path`, frozen reward model and
-    critic (by default) from `reward_model_path`; saves the new actor to `out_dir`.
+) -> PPOTrainer:
+    """The four models from folders: actor (and by default reference) from `actor_path`, frozen reward
+    model and critic (by default) from `reward_model_path`, as DeepSpeed-Chat initialises the critic.
 
     LoRA mode holds shared weights once: the reference is the actor with adapters disabled when it is the
     same model, and the reward model is the critic with adapters disabled when the critic starts from it.
@@ -86,8 +85,23 @@ def train_ppo(
         reference = load_causal_lm(reference_path or actor_path, dtype=frozen_dtype)
     if not (config.use_lora and same_critic):
         reward_model = RewardModel.from_pretrained(reward_model_path, dtype=frozen_dtype)
-    trainer = PPOTrainer(actor, critic, tokenizer, config, reward_model=reward_model, reference=reference,
-                         accelerator=accelerator)
+    return PPOTrainer(actor, critic, tokenizer, config, reward_model=reward_model, reference=reference,
+                      accelerator=accelerator)
+
+
+def train_ppo(
+    actor_path: str | Path,
+    reward_model_path: str | Path,
+    prompts: list[str],
+    config: PPOConfig,
+    out_dir: str | Path,
+    reference_path: str | Path | None = None,
+    critic_path: str | Path | None = None,
+    on_step: Callable[[dict], None] | None = None,
+    accelerator: Accelerator | None = None,
+) -> PPOResult:
+    """A PPO run over `prompts` (see `build_ppo_trainer` for the models); saves the new actor to `out_dir`."""
+    trainer = build_ppo_trainer(actor_path, reward_model_path, config, reference_path, critic_path, accelerator)
     history = trainer.train(prompts, on_step=on_step)
     saved = trainer.save_actor(out_dir)
     return PPOResult(history=history, saved_path=saved, config=asdict(config))
