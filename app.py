@@ -28,7 +28,7 @@ COMMANDS = [
     ("--train-reward", None, "train the reward model on the votes (or --data FILE) and print held-out accuracy",
      None),
     ("--train-ppo", None, "run PPO alone with a given reward model and prompts, and save the actor",
-     None),
+     "rlhf.ppo_train:command_train_ppo"),
     ("--train-round", None, "run one full round: reward model, PPO, new policy, next pairs",
      None),
     ("--demo-loop", None, "simulate votes and run rounds R times headless, printing progress per round",
@@ -76,6 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     simulated.add_argument("--annotator-name", metavar="NAME", help="name the votes are cast under (default sim:RULE)")
     simulated.add_argument("--overlap", type=int, default=1, metavar="K", help="annotators per pair (default 1)")
     simulated.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+
+    ppo = parser.add_argument_group("PPO (--train-ppo; the actor and reference are --model)")
+    ppo.add_argument("--reward-model", metavar="DIR", help="reward model folder saved by --train-reward (required)")
+    ppo.add_argument("--prompts", metavar="FILE",
+                     help="prompts from this file (JSONL with a prompt or text field, CSV, txt) instead of the store")
+    ppo.add_argument("--steps", type=int, metavar="N", help="PPO steps (default: one pass over the prompts)")
+    ppo.add_argument("--lora", action="store_true",
+                     help="train LoRA adapters; the reference is the actor with adapters disabled (one copy)")
+    ppo.add_argument("--reference", metavar="DIR", help="frozen reference policy (default: --model)")
+    ppo.add_argument("--out", metavar="DIR", help="where to save the actor (default data/checkpoints/ppo-<timestamp>)")
     return parser
 
 

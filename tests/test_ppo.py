@@ -9,11 +9,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import app
+from annotate.store import Store
 from rlhf.losses import actor_loss, critic_loss
-from rlhf.models import format_prompt, load_causal_lm, load_tokenizer
+from rlhf.models import format_prompt, load_causal_lm, load_tokenizer, resolve_model_path
 from rlhf.ppo import PPOConfig, PPOTrainer
 from rlhf.ppo_experience import position_ids_from_mask, response_log_probs, response_masks
-from rlhf.ppo_train import add_lora
+from rlhf.ppo_train import add_lora, build_ppo_trainer, train_ppo
 from rlhf.reward import RewardModel, RewardOutput
 
 PROMPTS = ["hello there", "what is two plus two", "tell me a joke", "name a colour"]
@@ -291,3 +293,73 @@ def test_saved_actor_loads_back_identical(tiny_model_dir, tokenizer, tmp_path):
     with torch.inference_mode():
         assert torch.equal(reloaded(**ids).logits, trainer.unwrapped_actor()(**ids).logits)
     assert (saved / "tokenizer_config.json").is_file()
+
+
+# ----- whole runs and the command -----
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory, tiny_model_dir, module_tokenizer) -> Path:
+    """An (untrained) reward model folder on the tiny model, as --train-reward would save it."""
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("reward-model")
+    return RewardModel.from_causal_lm(tiny_model_dir).save_pretrained(out, tokenizer=module_tokenizer)
+
+
+def test_train_ppo_runs_from_folders_and_saves_a_plain_model(tiny_model_dir, reward_model_dir, tmp_path):
+    seen = []
+    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=4, steps=2)
+    result = train_ppo(tiny_model_dir, reward_model_dir, PROMPTS, config, tmp_path / "actor", on_step=seen.append)
+    assert [m["ppo/step"] for m in result.history] == [1, 2] and seen == result.history
+    assert result.config["max_new_tokens"] == 4 and result.config["temperature"] == 0.7
+    assert load_causal_lm(result.saved_path).config.vocab_size == 49152
+
+
+def test_command_trains_from_a_prompt_file(tiny_model_dir, reward_model_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hello there"}\n{"prompt": "tell me a joke"}\n', encoding="utf-8")
+    code = app.main(["--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_model_dir),
+                     "--prompts", str(prompts), "--steps", "1", "--out", str(tmp_path / "actor"),
+                     "--db", str(tmp_path / "none.db")])
+    assert code == 0
+    assert "Actor saved to" in capsys.readouterr().out
+    assert (tmp_path / "actor" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "needs --reward-model"),
+    (["--reward-model", "{tiny}"], "is not a reward model folder"),
+    (["--reward-model", "{rm}"], "no database at"),
+    (["--reward-model", "{rm}", "--prompts", "{missing}"], "no such file"),
+    (["--reward-model", "{rm}", "--steps", "0"], "--steps must be at least 1"),
+])
+def test_command_errors_say_what_to_do(extra, message, tiny_model_dir, reward_model_dir, tmp_path, capsys):
+    names = {"tiny": tiny_model_dir, "rm": reward_model_dir, "missing": tmp_path / "missing.jsonl"}
+    argv = ["--train-ppo", "--model", str(tiny_model_dir), "--db", str(tmp_path / "none.db")]
+    code = app.main(argv + [arg.format(**names) for arg in extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_command_reads_prompts_from_the_store(tiny_model_dir, reward_model_dir, tmp_path, capsys):
+    db = tmp_path / "loop.db"
+    with Store(db) as store:
+        assert app.main(["--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_model_dir),
+                         "--db", str(db)]) == 2
+        assert "holds no prompts" in capsys.readouterr().err
+        store.add_prompts(["hello there", "name a colour"])
+    code = app.main(["--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_model_dir),
+                     "--db", str(db), "--steps", "1", "--out", str(tmp_path / "actor")])
+    assert code == 0 and "on 2 prompts" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_one_ppo_step_of_the_default_model(tmp_path):
+    path = resolve_model_path("default")
+    RewardModel.from_causal_lm(path).save_pretrained(tmp_path / "rm", tokenizer=load_tokenizer(path))
+    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=8, steps=1)
+    trainer = build_ppo_trainer(path, tmp_path / "rm", config)
+    metrics = trainer.step(PROMPTS[:2])
+    assert all(math.isfinite(value) for value in metrics.values()), metrics
+    assert metrics["ppo/kl"] == pytest.approx(0.0, abs=1e-4)  # actor == reference before the first update
+    assert 1 <= metrics["ppo/response_len"] <= 8
