@@ -3,7 +3,7 @@
 Round metrics are whatever the round recorded (a JSON object): the functions here read the names DESIGN.md gives
 (`rm/accuracy`, `ppo/reward`, `ppo/kl`, ...) and tolerate missing keys, so a running or failed round shows what it has.
 A per-step history, when a round keeps one, is `metrics["history"]`: a list of {"step": n, "<metric>": value}
-(or {"<metric>": [values]}).
+(the PPO trainer's per-step dicts, keyed `ppo/step`, fit as they are) or {"<metric>": [values]}.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ from annotate.ui_session import AppConfig
 
 ACCURACY_KEYS = ("rm/accuracy", "rm/heldout_accuracy", "rm/eval_accuracy")
 HELDOUT_SIZE_KEYS = ("rm/heldout_pairs", "rm/held_out_pairs", "rm/eval_pairs", "rm/n_heldout")
-PAIRS_USED_KEYS = ("pairs_used", "rm/train_pairs", "rm/pairs", "data/preferences")
+PAIRS_USED_KEYS = ("pairs_used", "data/preferences", "rm/pairs")
+TRAIN_HELDOUT_KEYS = ("rm/n_train", "rm/n_heldout")
+"""What rlhf/reward_train.py records: pairs used = trained on + held out."""
+STEP_KEYS = ("step", "ppo/step", "rm/step")
 REWARD_KEYS = ("ppo/reward", "ppo/mean_reward", "ppo/reward_mean")
 KL_KEYS = ("ppo/kl", "ppo/mean_kl")
-PLOTTED_ACROSS_ROUNDS = (ACCURACY_KEYS, REWARD_KEYS, KL_KEYS)
+PLOTTED_ACROSS_ROUNDS = (("rm held-out accuracy", ACCURACY_KEYS), ("mean reward", REWARD_KEYS), ("KL", KL_KEYS))
 ROUND_COLUMNS = ["round", "status", "started", "pairs used", "rm held-out accuracy", "mean reward", "KL",
                  "duration", "error"]
 WIN_RATE_COLUMNS = ["policy", "against", "wins", "losses", "ties", "both bad", "win rate"]
@@ -47,6 +50,14 @@ def first_number(metrics: dict, keys: tuple[str, ...]) -> float | None:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
     return None
+
+
+def pairs_used(metrics: dict) -> int | None:
+    value = first_number(metrics, PAIRS_USED_KEYS)
+    if value is None:
+        parts = [first_number(metrics, (key,)) for key in TRAIN_HELDOUT_KEYS]
+        value = sum(parts) if None not in parts else None
+    return None if value is None else int(value)
 
 
 def accuracy_text(metrics: dict) -> str:
@@ -85,10 +96,10 @@ def _number_text(value: float | None) -> str:
 def rounds_frame(rounds: list[Round], now: datetime | None = None) -> pd.DataFrame:
     rows = []
     for r in reversed(rounds):  # newest first
-        pairs = first_number(r.metrics, PAIRS_USED_KEYS)
+        pairs = pairs_used(r.metrics)
         rows.append([
             r.id, r.status, (r.started_at or "")[:19].replace("T", " "),
-            "" if pairs is None else str(int(pairs)), accuracy_text(r.metrics),
+            "" if pairs is None else str(pairs), accuracy_text(r.metrics),
             _number_text(first_number(r.metrics, REWARD_KEYS)), _number_text(first_number(r.metrics, KL_KEYS)),
             duration_text(r.started_at, r.finished_at, now if r.status == "running" else None), r.error or "",
         ])
@@ -99,10 +110,10 @@ def metrics_across_rounds(rounds: list[Round]) -> pd.DataFrame:
     """Long format (round, metric, value) for the headline metrics of every round that recorded them."""
     rows = []
     for r in rounds:
-        for keys in PLOTTED_ACROSS_ROUNDS:
+        for label, keys in PLOTTED_ACROSS_ROUNDS:
             value = first_number(r.metrics, keys)
             if value is not None:
-                rows.append((r.id, next(k for k in keys if first_number(r.metrics, (k,)) is not None), value))
+                rows.append((r.id, label, value))
     return pd.DataFrame(rows, columns=["round", "metric", "value"])
 
 
@@ -114,9 +125,9 @@ def metrics_within_round(metrics: dict) -> pd.DataFrame:
         for index, entry in enumerate(history):
             if not isinstance(entry, dict):
                 continue
-            step = entry.get("step", index)
+            step = next((entry[key] for key in STEP_KEYS if key in entry), index)
             for name, value in entry.items():
-                if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                if name not in STEP_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool) \
                         and math.isfinite(value):
                     rows.append((step, name, float(value)))
     elif isinstance(history, dict):

@@ -355,17 +355,24 @@ def test_rounds_table_and_curves_tolerate_missing_metrics(app_parts):
                               "pairs_used": 80, "history": [{"step": 0, "ppo/kl": 0.0}, {"step": 1, "ppo/kl": 0.01}]})
     failed = store.start_round(pid=1)
     store.fail_round(failed, "too few pairs")
+    # what rlhf/reward_train.py and rlhf/ppo.py record: held-out accuracy and sizes, per-step dicts with ppo/step
+    trainers = store.start_round(pid=1)
+    store.update_round_metrics(trainers, {"rm/heldout_accuracy": 0.6, "rm/n_train": 90, "rm/n_heldout": 10,
+                                          "history": [{"ppo/step": 1, "ppo/kl": 0.5}, {"ppo/step": 2, "ppo/kl": 0.25}]})
     frame = rounds_frame(store.rounds())
     assert frame[["round", "status", "pairs used", "mean reward", "KL", "error"]].values.tolist() == [
-        [2, "failed", "", "", "", "too few pairs"], [1, "done", "80", "1.25", "0.02", ""]]
-    assert frame["rm held-out accuracy"][1].startswith("0.75 (0.53-0.89, n=20)")
+        [3, "running", "100", "", "", ""], [2, "failed", "", "", "", "too few pairs"],
+        [1, "done", "80", "1.25", "0.02", ""]]
+    assert frame["rm held-out accuracy"].tolist() == ["0.60 (0.31-0.83, n=10)", "", "0.75 (0.53-0.89, n=20)"]
     assert metrics_within_round({"history": {"ppo/reward": [0.5, 1.0]}}).values.tolist() == [
         [0, "ppo/reward", 0.5], [1, "ppo/reward", 1.0]]
     assert metrics_within_round({"history": "garbage"}).empty
     outputs = DashboardHandlers(store, app_parts.config).refresh()
     across, within_title, within = outputs[5], outputs[6], outputs[7]
-    assert sorted(across["metric"]) == ["ppo/kl", "ppo/reward", "rm/accuracy"]
-    assert within_title.startswith("**Within round 1**") and within["value"].tolist() == [0.0, 0.01]
+    assert across.values.tolist() == [[1, "rm held-out accuracy", 0.75], [1, "mean reward", 1.25], [1, "KL", 0.02],
+                                      [3, "rm held-out accuracy", 0.6]]
+    assert within_title.startswith("**Within round 3** (running)")
+    assert within.values.tolist() == [[1, "ppo/kl", 0.5], [2, "ppo/kl", 0.25]]
 
 
 def test_dashboard_counts_agreement_and_win_rates(app_parts):
