@@ -16,13 +16,13 @@ COMMANDS = [
     ("--serve", None, "start the annotation app in the browser (the default when no command is given)",
      None),
     ("--import-prompts", "FILE", "import prompts from JSONL, CSV, plain text or a Hugging Face dataset folder",
-     None),
+     "annotate.cli:import_prompts"),
     ("--generate-pairs", "N", "generate N pairs from the current policy for annotation",
      None),
     ("--export", "FILE", "export preferences (prompt, chosen, rejected) to .jsonl or .parquet",
-     None),
+     "annotate.cli:export"),
     ("--simulate", "ANNOTATOR", "vote on waiting pairs with a simulated annotator (rule or module:function)",
-     None),
+     "annotate.cli:simulate"),
     ("--sft", "FILE", "supervised fine-tuning on a JSONL of prompt/response, or on annotators' demonstrations",
      None),
     ("--train-reward", None, "train the reward model on the votes (or --data FILE) and print held-out accuracy",
@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auth", metavar="FILE", help="file of name:password lines; required off localhost")
     serve.add_argument("--admin", action="append", default=[], metavar="NAME",
                        help="make NAME an admin (repeatable); the first person to sign in is admin otherwise")
+    simulated = parser.add_argument_group("simulated annotators (--simulate, --demo-loop)")
+    simulated.add_argument("--votes", type=int, default=50, metavar="N", help="votes to cast (default 50)")
+    simulated.add_argument("--noise", type=float, default=0.0, metavar="RATE",
+                           help="share of a/b votes flipped, like disagreeing people (default 0)")
+    simulated.add_argument("--annotator-name", metavar="NAME", help="name the votes are cast under (default sim:RULE)")
+    simulated.add_argument("--overlap", type=int, default=1, metavar="K", help="annotators per pair (default 1)")
+    simulated.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     return parser
 
 

@@ -1,5 +1,3 @@
-import time
-
 import pytest
 import torch
 
@@ -12,14 +10,12 @@ from rlhf.models import (
 )
 
 
-def test_tiny_model_loads_and_runs_in_well_under_a_second(tiny_model_dir):
-    started = time.perf_counter()
+def test_tiny_model_loads_and_runs_a_forward_pass(tiny_model_dir):
     model = load_causal_lm(tiny_model_dir)
     tokenizer = load_tokenizer(tiny_model_dir)
     batch = tokenizer(["hello there", "a longer prompt than the first"], return_tensors="pt", padding=True)
     with torch.inference_mode():
         logits = model(**batch).logits
-    assert time.perf_counter() - started < 1.0
     assert logits.shape == (2, batch.input_ids.shape[1], len(tokenizer))
 
 

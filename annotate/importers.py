@@ -1,0 +1,184 @@
+"""Prompt file readers: JSONL/JSON, CSV/TSV, plain text and local Hugging Face dataset folders -> list[str].
+
+Readers only read: they return every prompt or raise `PromptImportError`, so the store can write all-or-nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+PROMPT_FIELDS = ("prompt", "text")
+"""Field (or column) names holding the prompt, in order of preference."""
+TEXT_SUFFIXES = {"", ".txt", ".text"}
+DATA_FILE_SUFFIXES = {".parquet", ".arrow"}
+
+
+class PromptImportError(ValueError):
+    """A prompt file could not be read; the message names the file and, where it applies, the line."""
+
+    def __init__(self, path: Path | str, message: str, line: int | None = None):
+        self.path = str(path)
+        self.line = line
+        where = f"{self.path}, line {line}" if line is not None else self.path
+        super().__init__(f"{where}: {message}")
+
+
+def _decoded_lines(path: Path) -> list[str]:
+    """The file's lines, decoded as UTF-8 (a BOM is dropped); a bad byte is reported with its line number."""
+    raw = path.read_bytes()
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    lines = []
+    for number, raw_line in enumerate(raw.split(b"\n"), start=1):
+        try:
+            lines.append(raw_line.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as error:
+            raise PromptImportError(path, f"not UTF-8 text ({error.reason} at byte {error.start})", number) from None
+    return lines
+
+
+def _prompt_from_record(path: Path, record: object, line: int | None) -> str:
+    if isinstance(record, str):
+        text = record
+    elif isinstance(record, dict):
+        field = next((name for name in PROMPT_FIELDS if name in record), None)
+        if field is None:
+            keys = ", ".join(sorted(map(str, record))) or "none"
+            raise PromptImportError(path, f"missing field 'prompt' or 'text' (fields: {keys})", line)
+        text = record[field]
+        if not isinstance(text, str):
+            raise PromptImportError(path, f"field '{field}' is {type(text).__name__}, not text", line)
+    else:
+        raise PromptImportError(path, f"expected an object with a 'prompt' field, got {type(record).__name__}", line)
+    if not text.strip():
+        raise PromptImportError(path, "empty prompt", line)
+    return text.strip()
+
+
+def _read_jsonl(path: Path, lines: list[str]) -> list[str]:
+    prompts = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise PromptImportError(path, f"malformed JSON ({error.msg} at column {error.colno})", number) from None
+        prompts.append(_prompt_from_record(path, record, number))
+    return prompts
+
+
+def _read_json_array(path: Path, lines: list[str]) -> list[str]:
+    try:
+        records = json.loads("\n".join(lines))
+    except json.JSONDecodeError as error:
+        raise PromptImportError(path, f"malformed JSON ({error.msg} at column {error.colno})", error.lineno) from None
+    if not isinstance(records, list):
+        raise PromptImportError(path, "a .json file must hold a list of prompts or objects (or be JSON Lines)")
+    # Which line an element came from is lost once parsed: report its position in the list instead.
+    prompts = []
+    for index, record in enumerate(records, start=1):
+        try:
+            prompts.append(_prompt_from_record(path, record, None))
+        except PromptImportError as error:
+            raise PromptImportError(path, f"item {index}: {str(error).split(': ', 1)[1]}") from None
+    return prompts
+
+
+def _read_csv(path: Path, lines: list[str], delimiter: str) -> list[str]:
+    reader = csv.DictReader(io.StringIO("\n".join(lines)), delimiter=delimiter)
+    try:
+        header = reader.fieldnames
+    except csv.Error as error:
+        raise PromptImportError(path, f"malformed CSV ({error})", 1) from None
+    if not header:
+        raise PromptImportError(path, "empty file: no header row")
+    column = next((name for name in PROMPT_FIELDS if name in header), None)
+    if column is None:
+        raise PromptImportError(path, f"missing column 'prompt' or 'text' (columns: {', '.join(header)})", 1)
+    prompts = []
+    try:
+        for row in reader:
+            text = row.get(column)
+            if text is None or not text.strip():
+                if not any((value or "").strip() for value in row.values() if isinstance(value, str)):
+                    continue  # a blank line
+                raise PromptImportError(path, f"empty '{column}' cell", reader.line_num)
+            prompts.append(text.strip())
+    except csv.Error as error:
+        raise PromptImportError(path, f"malformed CSV ({error})", reader.line_num) from None
+    return prompts
+
+
+def _read_dataset_folder(path: Path) -> list[str]:
+    import datasets
+
+    try:
+        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            loaded = datasets.load_from_disk(str(path))
+        else:
+            loaded = datasets.load_dataset(str(path))
+    except Exception as error:  # datasets raises many types; the user needs the file and the reason
+        raise PromptImportError(path, f"not a readable Hugging Face dataset folder ({error})") from None
+    return _prompts_from_dataset(path, loaded)
+
+
+def _read_data_file(path: Path) -> list[str]:
+    import datasets
+
+    try:
+        loaded = datasets.Dataset.from_parquet(str(path)) if path.suffix == ".parquet" else datasets.Dataset.from_file(str(path))
+    except Exception as error:
+        raise PromptImportError(path, f"not a readable {path.suffix} file ({error})") from None
+    return _prompts_from_dataset(path, loaded)
+
+
+def _prompts_from_dataset(path: Path, loaded) -> list[str]:
+    """Every split in order (a DatasetDict's splits one after the other)."""
+    import datasets
+
+    splits = list(loaded.values()) if isinstance(loaded, (datasets.DatasetDict, dict)) else [loaded]
+    prompts = []
+    for split in splits:
+        column = next((name for name in PROMPT_FIELDS if name in split.column_names), None)
+        if column is None:
+            raise PromptImportError(path, f"missing column 'prompt' or 'text' (columns: {', '.join(split.column_names)})")
+        for row_number, text in enumerate(split[column], start=1):
+            if not isinstance(text, str) or not text.strip():
+                raise PromptImportError(path, f"row {row_number}: empty or non-text '{column}'")
+            prompts.append(text.strip())
+    return prompts
+
+
+def read_prompts(path: Path | str) -> list[str]:
+    """Read every prompt from a file or dataset folder, stripped; raise PromptImportError naming file and line."""
+    path = Path(path)
+    if not path.exists():
+        raise PromptImportError(path, "no such file or folder")
+    if path.is_dir():
+        prompts = _read_dataset_folder(path)
+    else:
+        suffix = path.suffix.lower()
+        if suffix in DATA_FILE_SUFFIXES:
+            prompts = _read_data_file(path)
+        else:
+            lines = _decoded_lines(path)
+            if suffix == ".jsonl":
+                prompts = _read_jsonl(path, lines)
+            elif suffix == ".json":
+                first = "\n".join(lines).lstrip()[:1]
+                prompts = _read_json_array(path, lines) if first == "[" else _read_jsonl(path, lines)
+            elif suffix in (".csv", ".tsv"):
+                prompts = _read_csv(path, lines, "\t" if suffix == ".tsv" else ",")
+            elif suffix in TEXT_SUFFIXES:
+                prompts = [line.strip() for line in lines if line.strip()]
+            else:
+                raise PromptImportError(
+                    path, f"unsupported file type '{suffix}' (use .jsonl, .json, .csv, .tsv, .txt, .parquet or a dataset folder)"
+                )
+    if not prompts:
+        raise PromptImportError(path, "empty file: no prompts found")
+    return prompts

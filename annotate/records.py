@@ -1,0 +1,183 @@
+"""Typed rows the store returns and takes (no SQL here; annotate/store.py is the only module with SQL)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CHOICES = ("a", "b", "tie", "both_bad", "skip")
+"""Vote choices, always about the pair's gen_a / gen_b whatever side the screen showed them on."""
+PAIR_KINDS = ("sample", "versus")
+ROLES = ("annotator", "admin")
+ROUND_STATUSES = ("running", "done", "failed")
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """Outcome of adding prompts."""
+
+    added: int
+    """New prompts written."""
+    skipped: int
+    """Prompts already present (or repeated within the batch), not written again."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One row of `prompts`."""
+
+    id: int
+    text: str
+    source: str
+    created_at: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One actor checkpoint; round 0 is the base (or SFT) model."""
+
+    id: int
+    round: int
+    path: str
+    parent_id: int | None
+    created_at: str
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One answer written by a policy."""
+
+    id: int
+    prompt_id: int
+    policy_id: int
+    text: str
+    n_tokens: int
+    finish_reason: str
+    created_at: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A generated answer not yet stored (input of `Store.add_pairs_bulk`)."""
+
+    policy_id: int
+    text: str
+    n_tokens: int
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class NewPair:
+    """Two answers to one prompt to be stored as generations and a pair (for versus: `a` is the newer policy's)."""
+
+    prompt_id: int
+    a: Answer
+    b: Answer
+    kind: str = "sample"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One row of `pairs`."""
+
+    id: int
+    prompt_id: int
+    gen_a: int
+    gen_b: int
+    kind: str
+    created_at: str
+    n_votes: int
+    """Votes of any choice so far."""
+
+
+@dataclass(frozen=True)
+class Showing:
+    """A pair as handed to one annotator: which generation appears on the left was drawn for this showing."""
+
+    pair_id: int
+    prompt_id: int
+    prompt: str
+    text_a: str
+    text_b: str
+    a_on_left: bool
+    kind: str
+
+    @property
+    def left(self) -> str:
+        return self.text_a if self.a_on_left else self.text_b
+
+    @property
+    def right(self) -> str:
+        return self.text_b if self.a_on_left else self.text_a
+
+    def stored_choice(self, screen_choice: str) -> str:
+        """Translate a choice about screen sides (`left`/`right`, or tie/both_bad/skip) into one about gen_a/gen_b."""
+        if screen_choice == "left":
+            return "a" if self.a_on_left else "b"
+        if screen_choice == "right":
+            return "b" if self.a_on_left else "a"
+        if screen_choice in ("tie", "both_bad", "skip"):
+            return screen_choice
+        raise ValueError(f"screen choice must be left, right, tie, both_bad or skip, not {screen_choice!r}")
+
+
+@dataclass(frozen=True)
+class Vote:
+    """One row of `votes`."""
+
+    id: int
+    pair_id: int
+    annotator: str
+    choice: str
+    a_on_left: bool
+    seconds: float | None
+    created_at: str
+
+
+@dataclass(frozen=True)
+class Annotator:
+    """A person (or simulated annotator) and their role, with their vote count."""
+
+    name: str
+    role: str
+    created_at: str
+    votes: int
+
+
+@dataclass(frozen=True)
+class Round:
+    """One training round."""
+
+    id: int
+    status: str
+    started_at: str
+    finished_at: str | None
+    metrics: dict = field(hash=False)
+    error: str | None
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class Preference:
+    """A pair with a strict majority among its a/b votes, in TRL's prompt/chosen/rejected terms."""
+
+    pair_id: int
+    prompt: str
+    chosen: str
+    rejected: str
+    votes: int
+    """Number of a/b votes on the pair (ties, both_bad and skips are not counted)."""
+    kind: str
+
+
+@dataclass(frozen=True)
+class WinRate:
+    """Human judgement of a policy against an earlier one, from `versus` pairs."""
+
+    policy_id: int
+    opponent_id: int
+    wins: int
+    losses: int
+    ties: int
+    both_bad: int
+    win_rate: float | None
+    """(wins + ties / 2) / (wins + losses + ties); None without such votes."""

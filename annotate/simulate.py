@@ -1,0 +1,148 @@
+"""Simulated annotators: rules or any Python callable that votes through the same store path as people.
+
+A judge is a callable `(prompt, answer_a, answer_b) -> "a" | "b" | "tie" | "both_bad"`. Built-in rules:
+`longer`, `shorter`, `contains:WORD`, and `polite` (prefers the answer with more warm, polite words, a
+preference that is neither length nor one token). Noise flips a share of a/b votes, as disagreeing
+human labellers would.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+Judge = Callable[[str, str, str], str]
+VALID_JUDGEMENTS = ("a", "b", "tie", "both_bad")
+
+POLITE_WORDS = frozenset(
+    """please thank thanks glad happy hope kind kindly welcome sorry appreciate wonderful great lovely
+    gently warm warmly care caring friend friendly enjoy delighted pleasure helpful support certainly
+    absolutely gladly hello hi dear best wishes good nice sure""".split()
+)
+
+
+def _prefer(score_a: float, score_b: float) -> str:
+    if score_a > score_b:
+        return "a"
+    if score_b > score_a:
+        return "b"
+    return "tie"
+
+
+def longer(prompt: str, answer_a: str, answer_b: str) -> str:
+    """Prefers the answer with more words."""
+    return _prefer(len(answer_a.split()), len(answer_b.split()))
+
+
+def shorter(prompt: str, answer_a: str, answer_b: str) -> str:
+    """Prefers the answer with fewer words."""
+    return _prefer(-len(answer_a.split()), -len(answer_b.split()))
+
+
+def contains(word: str) -> Judge:
+    """Prefers the answer that contains `word` (case-insensitive); tie when both or neither do."""
+    needle = word.lower()
+
+    def judge(prompt: str, answer_a: str, answer_b: str) -> str:
+        return _prefer(float(needle in answer_a.lower()), float(needle in answer_b.lower()))
+
+    judge.__name__ = f"contains:{word}"
+    return judge
+
+
+def politeness(text: str) -> float:
+    """Share of words in the text that are warm or polite, per DESIGN's few-votes target (not length, not one token)."""
+    words = re.findall(r"[a-z']+", text.lower())
+    if not words:
+        return 0.0
+    return sum(word in POLITE_WORDS for word in words) / len(words)
+
+
+def polite(prompt: str, answer_a: str, answer_b: str) -> str:
+    """Prefers the warmer, more polite answer (share of words from a small word list)."""
+    return _prefer(politeness(answer_a), politeness(answer_b))
+
+
+BUILT_IN_RULES: dict[str, Judge] = {"longer": longer, "shorter": shorter, "polite": polite}
+
+
+class AnnotatorSpecError(ValueError):
+    """An annotator specification that names no rule and no importable callable."""
+
+
+def resolve_judge(spec: str) -> Judge:
+    """`longer`, `shorter`, `polite`, `contains:WORD` or `package.module:function`."""
+    if spec in BUILT_IN_RULES:
+        return BUILT_IN_RULES[spec]
+    if spec.startswith("contains:"):
+        word = spec.split(":", 1)[1]
+        if not word:
+            raise AnnotatorSpecError("contains:WORD needs a word, for example contains:please")
+        return contains(word)
+    if ":" in spec:
+        module_name, function_name = spec.split(":", 1)
+        try:
+            function = getattr(importlib.import_module(module_name), function_name)
+        except (ImportError, AttributeError) as error:
+            raise AnnotatorSpecError(f"cannot import annotator {spec!r}: {error}") from error
+        if not callable(function):
+            raise AnnotatorSpecError(f"annotator {spec!r} is not callable")
+        return function
+    names = ", ".join([*BUILT_IN_RULES, "contains:WORD", "module:function"])
+    raise AnnotatorSpecError(f"unknown annotator {spec!r}; use one of: {names}")
+
+
+def noisy(judge: Judge, flip_rate: float, rng: random.Random) -> Judge:
+    """The same judge with a share `flip_rate` of its a/b votes flipped (ties and both_bad kept)."""
+    if not 0.0 <= flip_rate <= 1.0:
+        raise AnnotatorSpecError(f"noise must be between 0 and 1, got {flip_rate}")
+
+    def flipped(prompt: str, answer_a: str, answer_b: str) -> str:
+        choice = judge(prompt, answer_a, answer_b)
+        if choice in ("a", "b") and rng.random() < flip_rate:
+            return "b" if choice == "a" else "a"
+        return choice
+
+    return flipped
+
+
+@dataclass
+class SimulationResult:
+    """What a simulated annotator did."""
+
+    annotator: str
+    votes: int = 0
+    choices: Counter = field(default_factory=Counter)
+    queue_empty: bool = False
+
+
+def simulate_votes(store, judge: Judge, annotator: str, n_votes: int, overlap: int = 1,
+                   seed: int = 0) -> SimulationResult:
+    """Vote on up to `n_votes` waiting pairs as `annotator`, through store.next_pair and store.record_vote.
+
+    The judge sees the answers on the sides the store chose for this showing, as a person would; its
+    verdict is translated back to the pair's gen_a/gen_b before recording.
+    """
+    rng = random.Random(seed)
+    result = SimulationResult(annotator=annotator)
+    store.add_annotator(annotator)
+    for _ in range(n_votes):
+        showing = store.next_pair(annotator, overlap=overlap, rng=rng)
+        if showing is None:
+            result.queue_empty = True
+            break
+        left, right = (showing.text_a, showing.text_b) if showing.a_on_left else (showing.text_b, showing.text_a)
+        verdict = judge(showing.prompt, left, right)
+        if verdict not in VALID_JUDGEMENTS:
+            raise AnnotatorSpecError(f"annotator returned {verdict!r}; expected one of {', '.join(VALID_JUDGEMENTS)}")
+        choice = verdict
+        if verdict in ("a", "b") and not showing.a_on_left:  # the judge's "a" was the pair's gen_b
+            choice = "b" if verdict == "a" else "a"
+        store.record_vote(showing.pair_id, annotator, choice, a_on_left=showing.a_on_left)
+        result.votes += 1
+        result.choices[choice] += 1
+    return result

@@ -1,0 +1,544 @@
+"""The SQLite store: the only module that writes SQL.
+
+Threads: Gradio runs handlers in threads. A file database gets one connection per thread (WAL lets readers run
+beside a writer) and this process's writers take turns on a lock, so they never sleep in SQLite's busy handler;
+other processes (a round, a simulator) are waited for by the 30 s busy timeout. `Store(":memory:")` has one shared
+connection behind the same lock, since every connection to ":memory:" would be a separate database.
+Every write is one `BEGIN IMMEDIATE` transaction: all of it lands or none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import sqlite_utils
+
+from annotate import store_sql as queries
+from annotate.agreement import AgreementReport, agreement_report
+from annotate.importers import read_prompts
+from annotate.records import (
+    CHOICES, PAIR_KINDS, ROLES, Annotator, Answer, Generation, ImportResult, NewPair, Pair, Policy, Preference,
+    Prompt, Round, Showing, Vote, WinRate,
+)
+
+BUSY_TIMEOUT_S = 30.0
+RESERVE_SECONDS = 180.0
+
+
+def now() -> str:
+    """UTC timestamp with microseconds; the fixed format sorts as text in time order."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _name(annotator: str) -> str:
+    name = (annotator or "").strip()
+    if not name:
+        raise ValueError("annotator name must not be empty")
+    return name
+
+
+def process_is_alive(pid: int | None) -> bool:
+    """True when a process with this id runs on this machine (a zombie, dead but not yet reaped, counts as gone)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class Store:
+    """Prompts, policies, generations, pairs, votes, demonstrations, rounds and annotators in one SQLite file."""
+
+    def __init__(self, path: str | Path = ":memory:", reserve_seconds: float = RESERVE_SECONDS):
+        self.path = str(path)
+        self.memory = self.path == ":memory:"
+        self.reserve_seconds = reserve_seconds
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        # annotator -> (pair_id, expiry on time.monotonic()): the pair last handed to them. With overlap 1 two people
+        # asking at once would otherwise get the same pair; a reserved pair is passed over for others until it is
+        # voted on or expires. Per process only: another process (a simulator) does not see these reservations.
+        self._reservations: dict[str, tuple[int, float]] = {}
+        self._reserve_lock = threading.Lock()
+        self._rng = random.Random()
+        if not self.memory:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._shared = self._open() if self.memory else None
+        if not self.memory:
+            self._db().enable_wal()
+        self._migrate()
+
+    # connections and transactions ------------------------------------------------------------------------------
+
+    def _open(self) -> sqlite_utils.Database:
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA synchronous = NORMAL")  # safe with WAL: a power cut can lose the last commits, not corrupt
+        with self._lock:
+            self._connections.append(conn)
+        return sqlite_utils.Database(conn)
+
+    def _db(self) -> sqlite_utils.Database:
+        if self._shared is not None:
+            return self._shared
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = self._open()
+        return db
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite_utils.Database]:
+        if self.memory:
+            with self._lock:
+                yield self._shared
+        else:
+            yield self._db()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite_utils.Database]:
+        with self._lock:
+            db = self._db()
+            db.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.rollback()
+                raise
+            db.conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+        self._shared = None
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _migrate(self) -> None:
+        with self._write() as db:
+            version = db.conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(queries.MIGRATIONS):
+                raise RuntimeError(
+                    f"{self.path} has schema version {version}, newer than this code knows ({len(queries.MIGRATIONS)})"
+                )
+            for number, migration in enumerate(queries.MIGRATIONS, start=1):
+                if number > version:
+                    migration(db)
+            db.conn.execute(f"PRAGMA user_version = {len(queries.MIGRATIONS)}")
+
+    def schema_version(self) -> int:
+        with self._read() as db:
+            return db.conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def _rows(self, sql: str, params: dict | tuple = ()) -> list[dict]:
+        with self._read() as db:
+            return list(db.query(sql, params))
+
+    def _scalar(self, sql: str, params: dict | tuple = ()):
+        with self._read() as db:
+            return db.conn.execute(sql, params).fetchone()[0]
+
+    # prompts -----------------------------------------------------------------------------------------------------
+
+    def add_prompts(self, texts: Iterable[str], source: str = "") -> ImportResult:
+        """Add prompts, stripped and deduplicated on text; an empty one raises ValueError and nothing is written."""
+        stripped = [text.strip() if isinstance(text, str) else text for text in texts]
+        for index, text in enumerate(stripped):
+            if not isinstance(text, str) or not text:
+                raise ValueError(f"prompt {index + 1} of {len(stripped)} is empty or not text: {text!r}")
+        created = now()
+        with self._write() as db:
+            before = db.conn.total_changes
+            db.conn.executemany(queries.INSERT_PROMPT, [(text, source, created) for text in stripped])
+            added = db.conn.total_changes - before
+        return ImportResult(added=added, skipped=len(stripped) - added)
+
+    def import_prompts(self, path: str | Path, source: str | None = None) -> ImportResult:
+        """Read a prompt file (see annotate.importers) then add everything in one transaction, or nothing."""
+        texts = read_prompts(path)
+        return self.add_prompts(texts, source=source if source is not None else Path(path).name)
+
+    def prompts(self, limit: int | None = None) -> list[Prompt]:
+        return [Prompt(**row) for row in self._rows(queries.SELECT_PROMPTS, {"limit": -1 if limit is None else limit})]
+
+    def prompt(self, prompt_id: int) -> Prompt:
+        rows = self._rows("SELECT id, text, source, created_at FROM prompts WHERE id = ?", (prompt_id,))
+        if not rows:
+            raise KeyError(f"no prompt with id {prompt_id}")
+        return Prompt(**rows[0])
+
+    def count_prompts(self) -> int:
+        return self._scalar("SELECT COUNT(*) FROM prompts")
+
+    def prompts_needing_pairs(self, n: int) -> list[Prompt]:
+        """The n prompts with the fewest pairs so far (oldest first among equals): what to generate pairs for next."""
+        return [Prompt(**row) for row in self._rows(queries.SELECT_PROMPTS_NEEDING_PAIRS, {"limit": n})]
+
+    # policies and generations ------------------------------------------------------------------------------------
+
+    def add_policy(self, round: int, path: str | Path, parent_id: int | None = None) -> int:
+        with self._write() as db:
+            return db["policies"].insert(
+                {"round": round, "path": str(path), "parent_id": parent_id, "created_at": now()}
+            ).last_pk
+
+    def policies(self) -> list[Policy]:
+        return [Policy(**row) for row in self._rows("SELECT * FROM policies ORDER BY id")]
+
+    def policy(self, policy_id: int) -> Policy:
+        rows = self._rows("SELECT * FROM policies WHERE id = ?", (policy_id,))
+        if not rows:
+            raise KeyError(f"no policy with id {policy_id}")
+        return Policy(**rows[0])
+
+    def latest_policy(self) -> Policy | None:
+        """The policy of the highest round (the last recorded among equals): the current actor."""
+        rows = self._rows("SELECT * FROM policies ORDER BY round DESC, id DESC LIMIT 1")
+        return Policy(**rows[0]) if rows else None
+
+    def first_policy(self) -> Policy | None:
+        """The reference: the last recorded policy of the lowest round (an SFT model recorded at round 0 after the
+        base model replaces it)."""
+        rows = self._rows("SELECT * FROM policies ORDER BY round ASC, id DESC LIMIT 1")
+        return Policy(**rows[0]) if rows else None
+
+    def add_generation(self, prompt_id: int, policy_id: int, text: str, n_tokens: int, finish_reason: str) -> int:
+        with self._write() as db:
+            return self._insert_generation(db, prompt_id, Answer(policy_id, text, n_tokens, finish_reason))
+
+    def _insert_generation(self, db: sqlite_utils.Database, prompt_id: int, answer: Answer) -> int:
+        return db["generations"].insert({
+            "prompt_id": prompt_id, "policy_id": answer.policy_id, "text": answer.text,
+            "n_tokens": answer.n_tokens, "finish_reason": answer.finish_reason, "created_at": now(),
+        }).last_pk
+
+    def generation(self, generation_id: int) -> Generation:
+        rows = self._rows("SELECT * FROM generations WHERE id = ?", (generation_id,))
+        if not rows:
+            raise KeyError(f"no generation with id {generation_id}")
+        return Generation(**rows[0])
+
+    # pairs -------------------------------------------------------------------------------------------------------
+
+    def add_pair(self, prompt_id: int, gen_a: int, gen_b: int, kind: str = "sample") -> int:
+        """Record a pair of generations of one prompt.
+
+        kind `sample`: two samples of the current policy. kind `versus`: gen_a is always the newer policy's answer
+        and gen_b the earlier policy's, so a vote `a` is a win of the newer policy (see versus_win_rates).
+        """
+        with self._write() as db:
+            return self._insert_pair(db, prompt_id, gen_a, gen_b, kind)
+
+    def _insert_pair(self, db: sqlite_utils.Database, prompt_id: int, gen_a: int, gen_b: int, kind: str) -> int:
+        if kind not in PAIR_KINDS:
+            raise ValueError(f"pair kind must be one of {', '.join(PAIR_KINDS)}, not {kind!r}")
+        if gen_a == gen_b:
+            raise ValueError(f"a pair needs two different generations, got {gen_a} twice")
+        found = db.conn.execute("SELECT id, prompt_id FROM generations WHERE id IN (?, ?)", (gen_a, gen_b)).fetchall()
+        if len(found) != 2 or any(row[1] != prompt_id for row in found):
+            raise ValueError(f"generations {gen_a} and {gen_b} must both exist and answer prompt {prompt_id}")
+        return db["pairs"].insert(
+            {"prompt_id": prompt_id, "gen_a": gen_a, "gen_b": gen_b, "kind": kind, "created_at": now()}
+        ).last_pk
+
+    def add_pairs_bulk(self, new_pairs: Iterable[NewPair]) -> list[int]:
+        """Store both answers and the pair for each item, all in one transaction; returns the pair ids."""
+        with self._write() as db:
+            return [
+                self._insert_pair(
+                    db, item.prompt_id, self._insert_generation(db, item.prompt_id, item.a),
+                    self._insert_generation(db, item.prompt_id, item.b), item.kind,
+                )
+                for item in new_pairs
+            ]
+
+    def pair(self, pair_id: int) -> Pair:
+        rows = self._rows("SELECT * FROM pairs WHERE id = ?", (pair_id,))
+        if not rows:
+            raise KeyError(f"no pair with id {pair_id}")
+        return Pair(**rows[0])
+
+    def count_pairs(self) -> int:
+        return self._scalar("SELECT COUNT(*) FROM pairs")
+
+    def next_pair(self, annotator: str, overlap: int = 1, rng: random.Random | None = None) -> Showing | None:
+        """The oldest pair this annotator has not voted on (skips included) with fewer than `overlap` votes.
+
+        Pairs reserved for other annotators (handed out within `reserve_seconds` and not yet voted on) are passed
+        over while others are left; when only reserved ones are left, one is shared rather than leaving this
+        annotator without work. The side of gen_a is drawn for this showing.
+        """
+        annotator = _name(annotator)
+        if overlap < 1:
+            raise ValueError(f"overlap must be at least 1, got {overlap}")
+        with self._reserve_lock:
+            clock = time.monotonic()
+            self._reservations = {name: held for name, held in self._reservations.items() if held[1] > clock}
+            held_by_others = Counter(pid for name, (pid, _) in self._reservations.items() if name != annotator)
+            params = {"annotator": annotator, "overlap": overlap, "limit": len(held_by_others) + 1}
+            with self._read() as db:
+                candidates = db.conn.execute(queries.SELECT_OPEN_PAIRS, params).fetchall()
+                if not candidates:
+                    self._reservations.pop(annotator, None)
+                    return None
+                pair_id = next(
+                    (pid for pid, votes in candidates if votes + held_by_others[pid] < overlap), candidates[0][0]
+                )
+                row = next(db.query(queries.SELECT_SHOWING, (pair_id,)))
+            self._reservations[annotator] = (pair_id, clock + self.reserve_seconds)
+        a_on_left = (rng or self._rng).random() < 0.5
+        return Showing(a_on_left=a_on_left, **row)
+
+    def pairs_waiting(self, annotator: str | None = None, overlap: int = 1) -> int:
+        """Pairs with fewer than `overlap` votes (and, given an annotator, none of theirs)."""
+        params = {"overlap": overlap, "annotator": _name(annotator) if annotator is not None else None}
+        return self._scalar(queries.COUNT_WAITING_PAIRS, params)
+
+    # votes -------------------------------------------------------------------------------------------------------
+
+    def record_vote(
+        self, pair_id: int, annotator: str, choice: str, a_on_left: bool, seconds: float | None = None
+    ) -> bool:
+        """Record a vote about gen_a/gen_b; True when a new row was written.
+
+        A repeated submit for the same pair and annotator writes nothing and returns False (the first vote stands).
+        """
+        annotator = _name(annotator)
+        if choice not in CHOICES:
+            raise ValueError(f"choice must be one of {', '.join(CHOICES)}, not {choice!r}")
+        created = now()
+        with self._write() as db:
+            if db.conn.execute("SELECT 1 FROM pairs WHERE id = ?", (pair_id,)).fetchone() is None:
+                raise ValueError(f"no pair with id {pair_id}")
+            db.conn.execute(queries.INSERT_ANNOTATOR, (annotator, "annotator", created))
+            cursor = db.conn.execute(
+                queries.INSERT_VOTE, (pair_id, annotator, choice, int(bool(a_on_left)), seconds, created)
+            )
+            is_new = cursor.rowcount == 1
+        with self._reserve_lock:
+            if self._reservations.get(annotator, (None,))[0] == pair_id:
+                del self._reservations[annotator]
+        return is_new
+
+    def votes(self, annotator: str | None = None, pair_id: int | None = None) -> list[Vote]:
+        rows = self._rows(queries.SELECT_VOTES, {"annotator": annotator, "pair_id": pair_id})
+        return [Vote(**{**row, "a_on_left": bool(row["a_on_left"])}) for row in rows]
+
+    def votes_by(self, annotator: str) -> int:
+        return self._scalar("SELECT COUNT(*) FROM votes WHERE annotator = ?", (_name(annotator),))
+
+    def count_votes_since(self, since: str | None = None, include_skips: bool = False) -> int:
+        """Votes recorded after the timestamp `since` (all when None); skips are left out unless asked for."""
+        return self._scalar(queries.COUNT_VOTES_SINCE, {"since": since or "", "skips": int(include_skips)})
+
+    def votes_since_last_round(self) -> int:
+        """Votes (no skips) recorded after the start of the last finished round: what a new round would add."""
+        last = self.last_done_round()
+        return self.count_votes_since(last.started_at if last else None)
+
+    # demonstrations ----------------------------------------------------------------------------------------------
+
+    def add_demonstration(self, prompt_id: int, annotator: str, text: str) -> int:
+        """Store a better answer someone wrote (SFT data)."""
+        annotator, text = _name(annotator), (text or "").strip()
+        if not text:
+            raise ValueError("a demonstration must not be empty")
+        with self._write() as db:
+            if db.conn.execute("SELECT 1 FROM prompts WHERE id = ?", (prompt_id,)).fetchone() is None:
+                raise ValueError(f"no prompt with id {prompt_id}")
+            return db["demonstrations"].insert(
+                {"prompt_id": prompt_id, "annotator": annotator, "text": text, "created_at": now()}
+            ).last_pk
+
+    def demonstrations(self) -> list[tuple[str, str]]:
+        """(prompt, response) for every demonstration, oldest first."""
+        return [(row["prompt"], row["response"]) for row in self._rows(queries.SELECT_DEMONSTRATIONS)]
+
+    # annotators --------------------------------------------------------------------------------------------------
+
+    def add_annotator(self, name: str, role: str = "annotator") -> bool:
+        """Create an annotator; True when new. An existing one keeps their role (use set_role to change it)."""
+        self._check_role(role)
+        with self._write() as db:
+            return db.conn.execute(queries.INSERT_ANNOTATOR, (_name(name), role, now())).rowcount == 1
+
+    def set_role(self, name: str, role: str) -> None:
+        """Give someone a role, creating them when unknown."""
+        self._check_role(role)
+        with self._write() as db:
+            db.conn.execute(queries.UPSERT_ANNOTATOR_ROLE, (_name(name), role, now()))
+
+    @staticmethod
+    def _check_role(role: str) -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+
+    def role_of(self, name: str) -> str | None:
+        rows = self._rows("SELECT role FROM annotators WHERE name = ?", ((name or "").strip(),))
+        return rows[0]["role"] if rows else None
+
+    def is_admin(self, name: str) -> bool:
+        return self.role_of(name) == "admin"
+
+    def annotators(self) -> list[Annotator]:
+        return [Annotator(**row) for row in self._rows(queries.SELECT_ANNOTATORS)]
+
+    # rounds ------------------------------------------------------------------------------------------------------
+
+    def start_round(self, pid: int | None = None) -> int:
+        """Record a running round owned by process `pid` (this process by default)."""
+        with self._write() as db:
+            return db["rounds"].insert({
+                "status": "running", "started_at": now(), "metrics": "{}", "pid": pid or os.getpid(),
+            }).last_pk
+
+    def _update_round(self, round_id: int, metrics: dict | None, **columns) -> None:
+        with self._write() as db:
+            row = db.conn.execute("SELECT metrics FROM rounds WHERE id = ?", (round_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no round with id {round_id}")
+            merged = {**json.loads(row[0] or "{}"), **(metrics or {})}
+            db["rounds"].update(round_id, {**columns, "metrics": json.dumps(merged)})
+
+    def update_round_metrics(self, round_id: int, metrics: dict) -> None:
+        """Merge metrics into the round's (live progress); keys given replace earlier values."""
+        self._update_round(round_id, metrics)
+
+    def finish_round(self, round_id: int, metrics: dict | None = None) -> None:
+        self._update_round(round_id, metrics, status="done", finished_at=now())
+
+    def fail_round(self, round_id: int, error: str) -> None:
+        self._update_round(round_id, None, status="failed", finished_at=now(), error=error)
+
+    def rounds(self) -> list[Round]:
+        return [self._round(row) for row in self._rows("SELECT * FROM rounds ORDER BY id")]
+
+    def round(self, round_id: int) -> Round:
+        rows = self._rows("SELECT * FROM rounds WHERE id = ?", (round_id,))
+        if not rows:
+            raise KeyError(f"no round with id {round_id}")
+        return self._round(rows[0])
+
+    @staticmethod
+    def _round(row: dict) -> Round:
+        return Round(**{**row, "metrics": json.loads(row["metrics"] or "{}")})
+
+    def running_round(self) -> Round | None:
+        rows = self._rows("SELECT * FROM rounds WHERE status = 'running' ORDER BY id DESC LIMIT 1")
+        return self._round(rows[0]) if rows else None
+
+    def last_done_round(self) -> Round | None:
+        rows = self._rows("SELECT * FROM rounds WHERE status = 'done' ORDER BY id DESC LIMIT 1")
+        return self._round(rows[0]) if rows else None
+
+    def mark_stale_rounds_failed(self, is_alive: Callable[[int | None], bool] | None = None) -> list[int]:
+        """Mark `running` rounds whose process is gone as failed; returns their ids."""
+        is_alive = is_alive or process_is_alive
+        stale = [r for r in self.rounds() if r.status == "running" and not is_alive(r.pid)]
+        for stale_round in stale:
+            self.fail_round(stale_round.id, f"stale: its process {stale_round.pid} ended without finishing the round")
+        return [r.id for r in stale]
+
+    # statistics, agreement, preferences --------------------------------------------------------------------------
+
+    def stats(self, overlap: int = 1) -> dict:
+        """Counts for the dashboard (pairs waiting: those with fewer than `overlap` votes)."""
+        by_choice = dict.fromkeys(CHOICES, 0)
+        by_choice.update({row["choice"]: row["n"] for row in self._rows(queries.COUNT_VOTES_BY_CHOICE)})
+        by_annotator = {row["annotator"]: row["n"] for row in self._rows(queries.COUNT_VOTES_BY_ANNOTATOR)}
+        return {
+            "prompts": self.count_prompts(),
+            "policies": self._scalar("SELECT COUNT(*) FROM policies"),
+            "generations": self._scalar("SELECT COUNT(*) FROM generations"),
+            "pairs": self.count_pairs(),
+            "pairs_waiting": self.pairs_waiting(overlap=overlap),
+            "votes": sum(by_choice.values()),
+            "votes_by_choice": by_choice,
+            "votes_by_annotator": by_annotator,
+            "preferences": len(self.preferences()),
+            "demonstrations": self._scalar("SELECT COUNT(*) FROM demonstrations"),
+        }
+
+    def agreement(self) -> AgreementReport:
+        """Percent agreement and Cohen's kappa over pairs with two or more non-skip votes."""
+        labels_by_pair: dict[int, dict[str, str]] = {}
+        for row in self._rows("SELECT pair_id, annotator, choice FROM votes WHERE choice != 'skip'"):
+            labels_by_pair.setdefault(row["pair_id"], {})[row["annotator"]] = row["choice"]
+        return agreement_report(labels_by_pair)
+
+    def preferences(self) -> list[Preference]:
+        """Pairs with a strict majority among their a/b votes, oldest pair first."""
+        preferences = []
+        for row in self._rows(queries.SELECT_PAIR_TALLIES):
+            if row["n_a"] == row["n_b"]:
+                continue
+            a_wins = row["n_a"] > row["n_b"]
+            preferences.append(Preference(
+                pair_id=row["id"], prompt=row["prompt"],
+                chosen=row["text_a"] if a_wins else row["text_b"], rejected=row["text_b"] if a_wins else row["text_a"],
+                votes=row["n_a"] + row["n_b"], kind=row["kind"],
+            ))
+        return preferences
+
+    def export_dataset(self):
+        """Preferences as a `datasets.Dataset` with TRL's columns prompt, chosen, rejected."""
+        import datasets
+
+        preferences = self.preferences()
+        features = datasets.Features({name: datasets.Value("string") for name in ("prompt", "chosen", "rejected")})
+        return datasets.Dataset.from_dict(
+            {
+                "prompt": [p.prompt for p in preferences],
+                "chosen": [p.chosen for p in preferences],
+                "rejected": [p.rejected for p in preferences],
+            },
+            features=features,
+        )
+
+    def export_jsonl(self, path: str | Path) -> int:
+        """Write preferences as JSON Lines {prompt, chosen, rejected}; returns the number of rows."""
+        preferences = self.preferences()
+        with open(path, "w", encoding="utf-8") as out:
+            for p in preferences:
+                out.write(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
+        return len(preferences)
+
+    def export_parquet(self, path: str | Path) -> int:
+        dataset = self.export_dataset()
+        dataset.to_parquet(str(path))
+        return len(dataset)
+
+    def versus_win_rates(self) -> list[WinRate]:
+        """Per (newer policy, earlier policy): human votes on `versus` pairs, ties counting half a win."""
+        results = []
+        for row in self._rows(queries.SELECT_VERSUS_TALLIES):
+            judged = row["wins"] + row["losses"] + row["ties"]
+            rate = (row["wins"] + 0.5 * row["ties"]) / judged if judged else None
+            results.append(WinRate(win_rate=rate, **row))
+        return results

@@ -1,0 +1,164 @@
+"""The store's schema, migrations and queries: SQL text used only by annotate/store.py.
+
+Migrations are numbered by their position in MIGRATIONS and recorded in `PRAGMA user_version`; an older database
+file runs the ones it lacks, in order, inside one transaction, so it is upgraded in place and never rebuilt.
+Never edit a shipped migration: append a new one.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import sqlite_utils
+
+SCHEMA_V1 = [
+    """CREATE TABLE prompts (
+        id INTEGER PRIMARY KEY,
+        text TEXT NOT NULL UNIQUE,
+        source TEXT NOT NULL DEFAULT '',
+        created_at TEXT NOT NULL)""",
+    """CREATE TABLE policies (
+        id INTEGER PRIMARY KEY,
+        round INTEGER NOT NULL,
+        path TEXT NOT NULL,
+        parent_id INTEGER REFERENCES policies(id),
+        created_at TEXT NOT NULL)""",
+    """CREATE TABLE generations (
+        id INTEGER PRIMARY KEY,
+        prompt_id INTEGER NOT NULL REFERENCES prompts(id),
+        policy_id INTEGER NOT NULL REFERENCES policies(id),
+        text TEXT NOT NULL,
+        n_tokens INTEGER NOT NULL,
+        finish_reason TEXT NOT NULL,
+        created_at TEXT NOT NULL)""",
+    """CREATE TABLE pairs (
+        id INTEGER PRIMARY KEY,
+        prompt_id INTEGER NOT NULL REFERENCES prompts(id),
+        gen_a INTEGER NOT NULL REFERENCES generations(id),
+        gen_b INTEGER NOT NULL REFERENCES generations(id),
+        kind TEXT NOT NULL CHECK (kind IN ('sample', 'versus')),
+        created_at TEXT NOT NULL)""",
+    """CREATE TABLE votes (
+        id INTEGER PRIMARY KEY,
+        pair_id INTEGER NOT NULL REFERENCES pairs(id),
+        annotator TEXT NOT NULL,
+        choice TEXT NOT NULL CHECK (choice IN ('a', 'b', 'tie', 'both_bad', 'skip')),
+        a_on_left INTEGER NOT NULL,
+        seconds REAL,
+        created_at TEXT NOT NULL,
+        UNIQUE (pair_id, annotator))""",
+    """CREATE TABLE demonstrations (
+        id INTEGER PRIMARY KEY,
+        prompt_id INTEGER NOT NULL REFERENCES prompts(id),
+        annotator TEXT NOT NULL,
+        text TEXT NOT NULL,
+        created_at TEXT NOT NULL)""",
+    """CREATE TABLE rounds (
+        id INTEGER PRIMARY KEY,
+        status TEXT NOT NULL CHECK (status IN ('running', 'done', 'failed')),
+        started_at TEXT NOT NULL,
+        finished_at TEXT,
+        metrics TEXT NOT NULL DEFAULT '{}',
+        error TEXT)""",
+    """CREATE TABLE annotators (
+        name TEXT PRIMARY KEY,
+        role TEXT NOT NULL CHECK (role IN ('annotator', 'admin')),
+        created_at TEXT NOT NULL)""",
+    "CREATE INDEX generations_prompt ON generations (prompt_id)",
+    "CREATE INDEX pairs_prompt ON pairs (prompt_id)",
+    "CREATE INDEX votes_annotator ON votes (annotator)",
+]
+
+
+def migration_1_initial_schema(db: sqlite_utils.Database) -> None:
+    for statement in SCHEMA_V1:
+        db.conn.execute(statement)
+
+
+def migration_2_round_pid(db: sqlite_utils.Database) -> None:
+    """The process that runs a round, so that a crashed one can be told from a live one; votes by time."""
+    db["rounds"].add_column("pid", int)
+    db.conn.execute("CREATE INDEX votes_created_at ON votes (created_at)")
+
+
+def migration_3_pair_vote_counts(db: sqlite_utils.Database) -> None:
+    """Each pair's vote count, kept by triggers, so picking the next open pair never scans the finished ones."""
+    db["pairs"].add_column("n_votes", int, not_null_default=0)
+    db.conn.execute("UPDATE pairs SET n_votes = (SELECT COUNT(*) FROM votes WHERE votes.pair_id = pairs.id)")
+    db.conn.execute(
+        "CREATE TRIGGER votes_count_insert AFTER INSERT ON votes BEGIN "
+        "UPDATE pairs SET n_votes = n_votes + 1 WHERE id = NEW.pair_id; END"
+    )
+    db.conn.execute(
+        "CREATE TRIGGER votes_count_delete AFTER DELETE ON votes BEGIN "
+        "UPDATE pairs SET n_votes = n_votes - 1 WHERE id = OLD.pair_id; END"
+    )
+    db.conn.execute("CREATE INDEX pairs_open ON pairs (n_votes, id)")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    migration_1_initial_schema,
+    migration_2_round_pid,
+    migration_3_pair_vote_counts,
+]
+
+INSERT_PROMPT = "INSERT INTO prompts (text, source, created_at) VALUES (?, ?, ?) ON CONFLICT (text) DO NOTHING"
+SELECT_PROMPTS = "SELECT id, text, source, created_at FROM prompts ORDER BY id LIMIT :limit"
+SELECT_PROMPTS_NEEDING_PAIRS = """
+    SELECT p.id, p.text, p.source, p.created_at FROM prompts p
+    ORDER BY (SELECT COUNT(*) FROM pairs WHERE pairs.prompt_id = p.id), p.id LIMIT :limit"""
+
+SELECT_OPEN_PAIRS = """
+    SELECT p.id, p.n_votes FROM pairs p
+    WHERE p.n_votes < :overlap
+      AND NOT EXISTS (SELECT 1 FROM votes v WHERE v.pair_id = p.id AND v.annotator = :annotator)
+    ORDER BY p.id LIMIT :limit"""
+SELECT_SHOWING = """
+    SELECT p.id AS pair_id, p.prompt_id, pr.text AS prompt, ga.text AS text_a, gb.text AS text_b, p.kind
+    FROM pairs p JOIN prompts pr ON pr.id = p.prompt_id
+    JOIN generations ga ON ga.id = p.gen_a JOIN generations gb ON gb.id = p.gen_b
+    WHERE p.id = ?"""
+COUNT_WAITING_PAIRS = """
+    SELECT COUNT(*) FROM pairs p
+    WHERE p.n_votes < :overlap
+      AND (:annotator IS NULL
+           OR NOT EXISTS (SELECT 1 FROM votes v WHERE v.pair_id = p.id AND v.annotator = :annotator))"""
+
+INSERT_ANNOTATOR = "INSERT INTO annotators (name, role, created_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING"
+UPSERT_ANNOTATOR_ROLE = """
+    INSERT INTO annotators (name, role, created_at) VALUES (?, ?, ?)
+    ON CONFLICT (name) DO UPDATE SET role = excluded.role"""
+SELECT_ANNOTATORS = """
+    SELECT a.name, a.role, a.created_at, (SELECT COUNT(*) FROM votes v WHERE v.annotator = a.name) AS votes
+    FROM annotators a ORDER BY a.name"""
+
+INSERT_VOTE = """
+    INSERT INTO votes (pair_id, annotator, choice, a_on_left, seconds, created_at) VALUES (?, ?, ?, ?, ?, ?)
+    ON CONFLICT (pair_id, annotator) DO NOTHING"""
+SELECT_VOTES = """
+    SELECT id, pair_id, annotator, choice, a_on_left, seconds, created_at FROM votes
+    WHERE (:annotator IS NULL OR annotator = :annotator) AND (:pair_id IS NULL OR pair_id = :pair_id)
+    ORDER BY id"""
+COUNT_VOTES_SINCE = "SELECT COUNT(*) FROM votes WHERE created_at > :since AND (:skips OR choice != 'skip')"
+COUNT_VOTES_BY_CHOICE = "SELECT choice, COUNT(*) AS n FROM votes GROUP BY choice"
+COUNT_VOTES_BY_ANNOTATOR = "SELECT annotator, COUNT(*) AS n FROM votes GROUP BY annotator ORDER BY annotator"
+
+SELECT_DEMONSTRATIONS = """
+    SELECT pr.text AS prompt, d.text AS response FROM demonstrations d JOIN prompts pr ON pr.id = d.prompt_id
+    ORDER BY d.id"""
+
+SELECT_PAIR_TALLIES = """
+    SELECT p.id, p.kind, pr.text AS prompt, ga.text AS text_a, gb.text AS text_b,
+           SUM(v.choice = 'a') AS n_a, SUM(v.choice = 'b') AS n_b
+    FROM pairs p JOIN prompts pr ON pr.id = p.prompt_id
+    JOIN generations ga ON ga.id = p.gen_a JOIN generations gb ON gb.id = p.gen_b
+    JOIN votes v ON v.pair_id = p.id
+    GROUP BY p.id ORDER BY p.id"""
+SELECT_VERSUS_TALLIES = """
+    SELECT ga.policy_id AS policy_id, gb.policy_id AS opponent_id,
+           SUM(v.choice = 'a') AS wins, SUM(v.choice = 'b') AS losses,
+           SUM(v.choice = 'tie') AS ties, SUM(v.choice = 'both_bad') AS both_bad
+    FROM pairs p JOIN generations ga ON ga.id = p.gen_a JOIN generations gb ON gb.id = p.gen_b
+    JOIN votes v ON v.pair_id = p.id
+    WHERE p.kind = 'versus'
+    GROUP BY ga.policy_id, gb.policy_id ORDER BY ga.policy_id, gb.policy_id"""

@@ -1,0 +1,336 @@
+"""Store features on in-memory databases, compared with literal rows."""
+
+import random
+import sqlite3
+
+import pytest
+
+from annotate.records import Answer, ImportResult, NewPair, Preference, Showing, Vote
+from annotate.store import Store
+
+
+@pytest.fixture
+def store():
+    with Store(":memory:") as s:
+        yield s
+
+
+@pytest.fixture
+def paired(store):
+    """Two prompts, a base policy and three pairs (ids 1, 2, 3): answers 'A1'/'B1', 'A2'/'B2', 'A3'/'B3'."""
+    store.add_prompts(["Say hi.", "Name a colour."], source="test")
+    policy = store.add_policy(0, "base")
+    for number, prompt_id in ((1, 1), (2, 2), (3, 1)):
+        store.add_pairs_bulk([NewPair(prompt_id, Answer(policy, f"A{number}", 2, "eos"), Answer(policy, f"B{number}", 2, "eos"))])
+    return store
+
+
+def test_add_prompts_strips_and_deduplicates_with_counts(store):
+    assert store.add_prompts(["  Hello  ", "Hello", "World", "World\n"], source="typed") == ImportResult(added=2, skipped=2)
+    assert store.add_prompts(["Hello", "New"]) == ImportResult(added=1, skipped=1)
+    assert [(p.id, p.text, p.source) for p in store.prompts()] == [(1, "Hello", "typed"), (2, "World", "typed"), (3, "New", "")]
+    assert store.count_prompts() == 3
+    assert store.prompt(2).text == "World"
+
+
+def test_add_prompts_rejects_empty_and_writes_nothing(store):
+    with pytest.raises(ValueError, match="prompt 2 of 3 is empty"):
+        store.add_prompts(["fine", "   ", "also fine"])
+    assert store.count_prompts() == 0
+
+
+def test_unknown_prompt_is_a_key_error(store):
+    with pytest.raises(KeyError):
+        store.prompt(7)
+
+
+def test_policies_latest_and_first(store):
+    assert store.latest_policy() is None and store.first_policy() is None
+    base = store.add_policy(0, "default")
+    sft = store.add_policy(0, "data/checkpoints/sft", parent_id=base)
+    one = store.add_policy(1, "data/checkpoints/round-1", parent_id=sft)
+    assert [(p.id, p.round, p.path, p.parent_id) for p in store.policies()] == [
+        (1, 0, "default", None), (2, 0, "data/checkpoints/sft", 1), (3, 1, "data/checkpoints/round-1", 2),
+    ]
+    assert store.latest_policy().id == one
+    assert store.first_policy().id == sft  # the SFT model recorded after the base model is the reference
+
+
+def test_generation_and_pair_rows(store):
+    store.add_prompts(["Say hi."])
+    policy = store.add_policy(0, "base")
+    gen_a = store.add_generation(1, policy, "Hi!", 3, "eos")
+    gen_b = store.add_generation(1, policy, "Hello there, friend and", 6, "length")
+    pair_id = store.add_pair(1, gen_a, gen_b, kind="sample")
+    generation = store.generation(gen_b)
+    assert (generation.prompt_id, generation.policy_id, generation.text, generation.n_tokens, generation.finish_reason) == (
+        1, 1, "Hello there, friend and", 6, "length")
+    pair = store.pair(pair_id)
+    assert (pair.id, pair.prompt_id, pair.gen_a, pair.gen_b, pair.kind) == (1, 1, 1, 2, "sample")
+
+
+def test_add_pair_validates_kind_and_generations(store):
+    store.add_prompts(["Say hi.", "Other"])
+    policy = store.add_policy(0, "base")
+    gen_a = store.add_generation(1, policy, "Hi!", 3, "eos")
+    gen_b = store.add_generation(1, policy, "Hey", 2, "eos")
+    gen_other = store.add_generation(2, policy, "Other answer", 2, "eos")
+    with pytest.raises(ValueError, match="kind must be one of sample, versus"):
+        store.add_pair(1, gen_a, gen_b, kind="random")
+    with pytest.raises(ValueError, match="answer prompt 1"):
+        store.add_pair(1, gen_a, gen_other)
+    with pytest.raises(ValueError, match="two different generations"):
+        store.add_pair(1, gen_a, gen_a)
+    assert store.count_pairs() == 0
+
+
+def test_add_pairs_bulk_is_all_or_nothing(store):
+    store.add_prompts(["Say hi."])
+    policy = store.add_policy(0, "base")
+    good = NewPair(1, Answer(policy, "x", 1, "eos"), Answer(policy, "y", 1, "eos"))
+    bad = NewPair(1, Answer(policy, "x", 1, "eos"), Answer(policy, "y", 1, "eos"), kind="nope")
+    with pytest.raises(ValueError):
+        store.add_pairs_bulk([good, bad])
+    assert store.stats()["generations"] == 0 and store.count_pairs() == 0
+    assert store.add_pairs_bulk([good, good]) == [1, 2]
+
+
+def test_next_pair_oldest_first_and_sides_drawn_per_showing(paired):
+    showing = paired.next_pair("ann", rng=random.Random(0))
+    assert showing == Showing(pair_id=1, prompt_id=1, prompt="Say hi.", text_a="A1", text_b="B1",
+                              a_on_left=random.Random(0).random() < 0.5, kind="sample")
+    sides = {paired.next_pair("ann", rng=random.Random(seed)).a_on_left for seed in range(20)}
+    assert sides == {True, False}
+
+
+def test_showing_translates_screen_sides_into_stored_choices():
+    left_a = Showing(1, 1, "p", "A", "B", a_on_left=True, kind="sample")
+    left_b = Showing(1, 1, "p", "A", "B", a_on_left=False, kind="sample")
+    assert (left_a.left, left_a.right, left_b.left, left_b.right) == ("A", "B", "B", "A")
+    assert [left_a.stored_choice(c) for c in ("left", "right", "tie")] == ["a", "b", "tie"]
+    assert [left_b.stored_choice(c) for c in ("left", "right", "both_bad")] == ["b", "a", "both_bad"]
+    with pytest.raises(ValueError):
+        left_a.stored_choice("a")
+
+
+def test_next_pair_never_shows_a_pair_twice_to_the_same_annotator_even_after_skip(paired):
+    assert paired.record_vote(1, "ann", "skip", a_on_left=True)
+    assert paired.next_pair("ann", overlap=3).pair_id == 2
+    assert paired.record_vote(2, "ann", "a", a_on_left=False)
+    assert paired.record_vote(3, "ann", "b", a_on_left=True)
+    assert paired.next_pair("ann", overlap=3) is None
+    assert paired.next_pair("bob", overlap=3).pair_id == 1
+
+
+def test_next_pair_done_after_overlap_votes(paired):
+    paired.record_vote(1, "ann", "a", True)
+    assert paired.next_pair("bob", overlap=1).pair_id == 2  # pair 1 has its one vote
+    assert paired.next_pair("bob", overlap=2).pair_id == 1  # with overlap 2 it wants a second
+    paired.record_vote(1, "bob", "a", True)
+    assert paired.next_pair("cid", overlap=2).pair_id == 2
+
+
+def test_next_pair_spreads_concurrent_annotators_with_reservations(paired):
+    assert paired.next_pair("ann").pair_id == 1
+    assert paired.next_pair("bob").pair_id == 2  # pair 1 is reserved for ann
+    assert paired.next_pair("ann").pair_id == 1  # a reload gives ann her pair again
+    assert paired.next_pair("cid").pair_id == 3
+    assert paired.next_pair("dan").pair_id == 1  # everything reserved: share the oldest rather than leave dan idle
+    paired.record_vote(1, "ann", "a", True)
+    assert paired.next_pair("eve").pair_id == 2  # still reserved for bob... but shared as nothing else is open
+
+
+def test_reservations_expire(paired):
+    paired.reserve_seconds = 0.0
+    assert paired.next_pair("ann").pair_id == 1
+    assert paired.next_pair("bob").pair_id == 1
+
+
+def test_next_pair_on_an_empty_queue_is_none(store):
+    assert store.next_pair("ann") is None
+    assert store.pairs_waiting() == 0
+
+
+def test_record_vote_rows_and_idempotent_double_submit(paired):
+    assert paired.record_vote(2, "ann", "b", a_on_left=False, seconds=4.5) is True
+    assert paired.record_vote(2, "ann", "a", a_on_left=True, seconds=1.0) is False  # the first vote stands
+    [vote] = paired.votes()
+    assert vote == Vote(id=1, pair_id=2, annotator="ann", choice="b", a_on_left=False, seconds=4.5, created_at=vote.created_at)
+    assert paired.votes_by("ann") == 1
+    assert [(a.name, a.role, a.votes) for a in paired.annotators()] == [("ann", "annotator", 1)]
+
+
+def test_record_vote_rejects_bad_choice_unknown_pair_and_empty_name(paired):
+    with pytest.raises(ValueError, match="choice must be one of a, b, tie, both_bad, skip, not 'left'"):
+        paired.record_vote(1, "ann", "left", True)
+    with pytest.raises(ValueError, match="no pair with id 99"):
+        paired.record_vote(99, "ann", "a", True)
+    with pytest.raises(ValueError, match="annotator name"):
+        paired.record_vote(1, "  ", "a", True)
+    assert paired.votes() == []
+
+
+def test_the_schema_refuses_a_second_vote_row_for_the_same_pair_and_annotator(paired):
+    paired.record_vote(1, "ann", "a", True)
+    with pytest.raises(sqlite3.IntegrityError):
+        with paired._write() as db:
+            db.conn.execute("INSERT INTO votes (pair_id, annotator, choice, a_on_left, created_at) VALUES (1, 'ann', 'b', 1, 'x')")
+
+
+def test_pairs_waiting_overall_and_per_annotator(paired):
+    paired.record_vote(1, "ann", "a", True)
+    assert paired.pairs_waiting() == 2
+    assert paired.pairs_waiting(overlap=2) == 3
+    assert paired.pairs_waiting("ann", overlap=2) == 2
+    assert paired.pairs_waiting("bob", overlap=2) == 3
+
+
+def test_preferences_take_the_strict_majority_of_a_b_votes(paired):
+    for name, choice in (("ann", "a"), ("bob", "a"), ("cid", "b"), ("dan", "tie")):
+        paired.record_vote(1, name, choice, True)  # 2 a against 1 b: a wins
+    for name, choice in (("ann", "b"), ("bob", "a")):
+        paired.record_vote(2, name, choice, True)  # 1 against 1: no majority
+    for name, choice in (("ann", "b"), ("bob", "both_bad"), ("cid", "skip")):
+        paired.record_vote(3, name, choice, True)  # one b vote: b wins
+    assert paired.preferences() == [
+        Preference(pair_id=1, prompt="Say hi.", chosen="A1", rejected="B1", votes=3, kind="sample"),
+        Preference(pair_id=3, prompt="Say hi.", chosen="B3", rejected="A3", votes=1, kind="sample"),
+    ]
+
+
+def test_export_dataset_jsonl_and_parquet(paired, tmp_path):
+    import datasets
+    import json
+
+    paired.record_vote(2, "ann", "b", True)
+    dataset = paired.export_dataset()
+    assert dataset.column_names == ["prompt", "chosen", "rejected"]
+    assert dataset.to_list() == [{"prompt": "Name a colour.", "chosen": "B2", "rejected": "A2"}]
+    assert paired.export_jsonl(tmp_path / "prefs.jsonl") == 1
+    assert [json.loads(line) for line in (tmp_path / "prefs.jsonl").read_text().splitlines()] == dataset.to_list()
+    assert paired.export_parquet(tmp_path / "prefs.parquet") == 1
+    assert datasets.Dataset.from_parquet(str(tmp_path / "prefs.parquet")).to_list() == dataset.to_list()
+
+
+def test_export_dataset_when_empty_keeps_string_columns(store):
+    dataset = store.export_dataset()
+    assert len(dataset) == 0 and dataset.features["chosen"].dtype == "string"
+
+
+def test_annotators_and_roles(store):
+    assert store.add_annotator("lead", role="admin") is True
+    assert store.add_annotator("lead") is False  # idempotent, role kept
+    assert store.role_of("lead") == "admin" and store.is_admin("lead")
+    store.set_role("ann", "annotator")
+    assert store.role_of("ann") == "annotator" and not store.is_admin("ann")
+    store.set_role("lead", "annotator")
+    assert not store.is_admin("lead")
+    assert store.role_of("nobody") is None and not store.is_admin("nobody")
+    with pytest.raises(ValueError, match="role must be one of annotator, admin"):
+        store.set_role("ann", "owner")
+    assert [(a.name, a.role) for a in store.annotators()] == [("ann", "annotator"), ("lead", "annotator")]
+
+
+def test_rounds_lifecycle_and_metrics_merge(store):
+    first = store.start_round(pid=123)
+    assert store.running_round().id == first
+    store.update_round_metrics(first, {"step": "reward", "rm/accuracy": 0.5})
+    store.update_round_metrics(first, {"step": "ppo"})
+    store.finish_round(first, {"ppo/kl": 0.02})
+    second = store.start_round(pid=456)
+    store.fail_round(second, "out of memory")
+    rows = [(r.id, r.status, r.metrics, r.error, r.pid, r.finished_at is not None) for r in store.rounds()]
+    assert rows == [
+        (1, "done", {"step": "ppo", "rm/accuracy": 0.5, "ppo/kl": 0.02}, None, 123, True),
+        (2, "failed", {}, "out of memory", 456, True),
+    ]
+    assert store.running_round() is None
+    assert store.last_done_round().id == first
+    with pytest.raises(KeyError):
+        store.finish_round(9, {})
+
+
+def test_stale_running_rounds_are_marked_failed(store):
+    alive = store.start_round(pid=10)
+    dead = store.start_round(pid=20)
+    assert store.mark_stale_rounds_failed(is_alive=lambda pid: pid == 10) == [dead]
+    assert [(r.id, r.status) for r in store.rounds()] == [(alive, "running"), (dead, "failed")]
+    assert "process 20" in store.round(dead).error
+
+
+def test_stale_round_detection_uses_real_processes(store):
+    import os
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    mine = store.start_round()  # this process: alive
+    gone = store.start_round(pid=child.pid)
+    assert store.round(mine).pid == os.getpid()
+    assert store.mark_stale_rounds_failed() == [gone]
+
+
+def test_demonstrations(paired):
+    paired.add_demonstration(2, "ann", "  Blue.  ")
+    paired.add_demonstration(1, "bob", "Hi there!")
+    assert paired.demonstrations() == [("Name a colour.", "Blue."), ("Say hi.", "Hi there!")]
+    with pytest.raises(ValueError, match="no prompt with id 9"):
+        paired.add_demonstration(9, "ann", "text")
+    with pytest.raises(ValueError, match="must not be empty"):
+        paired.add_demonstration(1, "ann", " ")
+
+
+def test_stats_counts(paired):
+    paired.record_vote(1, "ann", "a", True)
+    paired.record_vote(2, "ann", "skip", True)
+    paired.record_vote(1, "bob", "tie", False)
+    assert paired.stats() == {
+        "prompts": 2, "policies": 1, "generations": 6, "pairs": 3, "pairs_waiting": 1, "votes": 3,
+        "votes_by_choice": {"a": 1, "b": 0, "tie": 1, "both_bad": 0, "skip": 1},
+        "votes_by_annotator": {"ann": 2, "bob": 1}, "preferences": 1, "demonstrations": 0,
+    }
+
+
+def test_agreement_over_pairs_with_two_or_more_votes(paired):
+    # pair 1: ann a, bob a (agree); pair 2: ann a, bob b (disagree); pair 3: only ann, and cid's skip is no label
+    for pair_id, name, choice in ((1, "ann", "a"), (1, "bob", "a"), (2, "ann", "a"), (2, "bob", "b"),
+                                  (3, "ann", "b"), (3, "cid", "skip")):
+        paired.record_vote(pair_id, name, choice, True)
+    report = paired.agreement()
+    # ann = [a, a], bob = [a, b]: p_o = 1/2; p_e = (2/2 * 1/2) + (0 * 1/2) = 1/2; kappa = (1/2 - 1/2) / (1 - 1/2) = 0
+    assert (report.items, report.rating_pairs, report.percent, report.kappa) == (2, 2, 0.5, 0.0)
+    assert [(p.annotator_1, p.annotator_2, p.items, p.percent, p.kappa) for p in report.by_pair] == [("ann", "bob", 2, 0.5, 0.0)]
+
+
+def test_versus_win_rates_count_gen_a_as_the_newer_policy(store):
+    store.add_prompts(["q1", "q2", "q3"])
+    old, new = store.add_policy(0, "base"), store.add_policy(1, "round-1")
+    ids = store.add_pairs_bulk(
+        [NewPair(p, Answer(new, f"new{p}", 1, "eos"), Answer(old, f"old{p}", 1, "eos"), kind="versus") for p in (1, 2, 3)]
+        + [NewPair(1, Answer(new, "s1", 1, "eos"), Answer(new, "s2", 1, "eos"))]
+    )
+    for pair_id, name, choice in ((ids[0], "ann", "a"), (ids[0], "bob", "a"), (ids[1], "ann", "b"),
+                                  (ids[2], "ann", "tie"), (ids[2], "bob", "both_bad"), (ids[3], "ann", "b")):
+        store.record_vote(pair_id, name, choice, True)
+    [rate] = store.versus_win_rates()
+    # wins 2, losses 1, ties 1: (2 + 0.5) / 4 = 0.625; both_bad is no judgement of either side
+    assert (rate.policy_id, rate.opponent_id, rate.wins, rate.losses, rate.ties, rate.both_bad, rate.win_rate) == (
+        new, old, 2, 1, 1, 1, 0.625)
+
+
+def test_votes_since_a_timestamp_and_since_the_last_round(paired):
+    paired.record_vote(1, "ann", "a", True)
+    round_id = paired.start_round()
+    paired.finish_round(round_id, {})
+    paired.record_vote(2, "ann", "b", True)
+    paired.record_vote(3, "ann", "skip", True)
+    assert paired.count_votes_since(None) == 2
+    assert paired.count_votes_since(None, include_skips=True) == 3
+    assert paired.votes_since_last_round() == 1
+
+
+def test_prompts_needing_pairs_prefers_prompts_with_fewest_pairs(paired):
+    paired.add_prompts(["Fresh one."])
+    # prompt 1 has pairs 1 and 3, prompt 2 has pair 2, prompt 3 none
+    assert [p.id for p in paired.prompts_needing_pairs(3)] == [3, 2, 1]
