@@ -3,8 +3,8 @@
 Two layers: `generate_tokens` returns the token tensors (prompt, response, masks) that PPO's experience phase
 needs; `generate_answers` decodes them into `Answer`s (text, n_tokens, finish_reason) for pairs shown to people.
 Pairs are whole answers (DESIGN "The round"), so the defaults stop at EOS with a generous limit and a moderate
-temperature: on the default model with 16 everyday prompts, 2 samples each, 97% of answers end with EOS at
-these settings (see `bench/finish_rate.py`), against 10% at temperature 1.0 with a 48-token limit.
+temperature (`bench/finish_rate.py` measures the share of answers that end, against 10% at temperature 1.0 with
+a 48-token limit).
 """
 
 from __future__ import annotations
