@@ -18,13 +18,13 @@ COMMANDS = [
     ("--import-prompts", "FILE", "import prompts from JSONL, CSV, plain text or a Hugging Face dataset folder",
      "annotate.cli:import_prompts"),
     ("--generate-pairs", "N", "generate N pairs from the current policy for annotation",
-     None),
+     "annotate.pairs:command_generate_pairs"),
     ("--export", "FILE", "export preferences (prompt, chosen, rejected) to .jsonl or .parquet",
      "annotate.cli:export"),
     ("--simulate", "ANNOTATOR", "vote on waiting pairs with a simulated annotator (rule or module:function)",
      "annotate.cli:simulate"),
     ("--sft", "FILE", "supervised fine-tuning on a JSONL of prompt/response, or on annotators' demonstrations",
-     None),
+     "rlhf.sft:command_sft"),
     ("--train-reward", None, "train the reward model on the votes (or --data FILE) and print held-out accuracy",
      "rlhf.reward_train:command_train_reward"),
     ("--train-ppo", None, "run PPO alone with a given reward model and prompts, and save the actor",
@@ -113,6 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     ppo.add_argument("--lora", action="store_true",
                      help="train LoRA adapters; the reference is the actor with adapters disabled (one copy)")
     ppo.add_argument("--reference", metavar="DIR", help="frozen reference policy (default: --model)")
+    pairs = parser.add_argument_group("generating pairs (--generate-pairs)")
+    pairs.add_argument("--versus-share", type=float, default=0.0, metavar="F",
+                       help="share of versus pairs: the current policy against the previous one (default 0)")
+    pairs.add_argument("--max-new-tokens", type=int, metavar="N", help="longest answer in tokens (default 160)")
+    pairs.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (default 0.7)")
+    sft = parser.add_argument_group("supervised fine-tuning (--sft)")
+    sft.add_argument("--sft-epochs", type=int, metavar="N", help="passes over the examples (default 2)")
+    sft.add_argument("--sft-lr", type=float, metavar="LR", help="peak learning rate (default 5e-5)")
+    sft.add_argument("--sft-batch-size", type=int, metavar="N", help="examples per step (default 8)")
     return parser
 
 
