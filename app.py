@@ -30,9 +30,9 @@ COMMANDS = [
     ("--train-ppo", None, "run PPO alone with a given reward model and prompts, and save the actor",
      "rlhf.ppo_train:command_train_ppo"),
     ("--train-round", None, "run one full round: reward model, PPO, new policy, next pairs",
-     None),
+     "rlhf.round_cli:command_train_round"),
     ("--demo-loop", None, "simulate votes and run rounds R times headless, printing progress per round",
-     None),
+     "rlhf.round_cli:command_demo_loop"),
 ]
 
 
@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--db", default=DEFAULT_DB, metavar="PATH", help=f"SQLite database (default {DEFAULT_DB})")
     common.add_argument("--model", default="default", metavar="NAME_OR_PATH",
                         help="base model: 'default' (embedded SmolLM2-135M-Instruct), a Hugging Face id or a folder")
+    common.add_argument("--config", metavar="FILE",
+                        help="loop configuration (TOML); default rlhf-loop.toml when it exists, else built-in defaults")
+    common.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one configuration value, e.g. --set ppo.kl_ctl=0.05 (repeatable)")
     common.add_argument("--out", metavar="DIR",
                         help="where a training command saves its model (default data/checkpoints/<kind>-<timestamp>)")
 
@@ -76,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auto-round-every", type=int, default=0, metavar="N",
                        help="start a training round after every N new votes (default 0: off; also set in Admin)")
     simulated = parser.add_argument_group("simulated annotators (--simulate, --demo-loop)")
+    simulated.add_argument("--rounds", type=int, default=3, metavar="R", help="rounds of --demo-loop (default 3)")
+    simulated.add_argument("--annotator", default="polite", metavar="ANNOTATOR",
+                           help="--demo-loop's simulated annotator and judge (default polite)")
+    simulated.add_argument("--eval-prompts", type=int, default=32, metavar="N",
+                           help="prompts kept out of training on which --demo-loop judges each policy (default 32)")
     simulated.add_argument("--votes", type=int, default=50, metavar="N", help="votes to cast (default 50)")
     simulated.add_argument("--noise", type=float, default=0.0, metavar="RATE",
                            help="share of a/b votes flipped, like disagreeing people (default 0)")
