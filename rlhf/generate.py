@@ -1,0 +1,226 @@
+"""Batched generation of whole answers: left-padded prompts, KV cache, stop at EOS, under inference mode.
+
+Two layers: `generate_tokens` returns the token tensors (prompt, response, masks) that PPO's experience phase
+needs; `generate_answers` decodes them into `Answer`s (text, n_tokens, finish_reason) for pairs shown to people.
+Pairs are whole answers (DESIGN "The round"), so the defaults stop at EOS with a generous limit and a moderate
+temperature (`bench/finish_rate.py` measures the share of answers that end, against 10% at temperature 1.0 with
+a 48-token limit).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from rlhf.models import format_prompt
+
+ProgressCallback = Callable[[int, int], None]
+"""Called as progress(done, total) after each batch (answers generated so far, answers planned)."""
+
+
+@dataclass
+class AnswerSampling:
+    """How answers are sampled."""
+
+    max_new_tokens: int = 160
+    """Limit on generated tokens per answer; an answer that reaches it without EOS finishes with "length"."""
+    temperature: float = 0.7
+    """Softmax temperature; 0 means greedy decoding (no sampling)."""
+    top_p: float = 0.95
+    """Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p (1.0 keeps all)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens before sampling (0 disables it)."""
+    batch_size: int = 16
+    """Sequences generated together in one left-padded batch."""
+    seed: int | None = None
+    """Seed for sampling, applied on a forked RNG so the caller's random state is left alone; None: not seeded."""
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One decoded answer."""
+
+    text: str
+    """The answer, special tokens removed, surrounding whitespace stripped."""
+    n_tokens: int
+    """Tokens the model wrote for it, the EOS token not counted (so a "length" answer has exactly max_new_tokens)."""
+    finish_reason: str
+    """"stop" when the model ended it with EOS, "length" when it hit max_new_tokens."""
+
+
+@dataclass
+class TokenBatch:
+    """Prompts and their sampled responses as tensors, one row per sequence (left-padded prompts)."""
+
+    prompt_ids: torch.Tensor
+    """(B, P) prompt tokens, left-padded."""
+    prompt_mask: torch.Tensor
+    """(B, P) 1 on prompt tokens, 0 on padding."""
+    response_ids: torch.Tensor
+    """(B, T) generated tokens; positions after the first EOS hold padding."""
+    response_mask: torch.Tensor
+    """(B, T) 1 on generated tokens up to and including the first EOS (the actions taken), 0 after."""
+    ended: torch.Tensor
+    """(B,) bool: the response ends with EOS (False: cut at max_new_tokens)."""
+
+    @property
+    def sequences(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)  # (B, P + T)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)  # (B, P + T)
+
+
+@dataclass
+class GeneratedAnswers:
+    """Answers per prompt, in the order of the prompts given, and figures about the run."""
+
+    answers: list[list[Answer]]
+    """answers[i][j]: sample j for prompt i."""
+    stats: dict[str, float] = field(default_factory=dict)
+    """gen/tokens_per_s, time/generate_s, gen/answers, gen/finished_share, gen/mean_tokens."""
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every token id that ends an answer: the tokenizer's EOS and the model's generation-config EOS (may be a list)."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(configured if isinstance(configured, (list, tuple)) else [configured])
+    return sorted(i for i in ids if i is not None)
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Token ids of a user prompt as the model sees it (chat template with generation prompt).
+
+    A chat template writes its own special tokens, so none are added then; without one the tokenizer's (BOS) are.
+    SFT encodes prompts with this same function, so training and generation see identical prefixes.
+    """
+    text = format_prompt(tokenizer, prompt)
+    add_special = not getattr(tokenizer, "chat_template", None)
+    return tokenizer(text, add_special_tokens=add_special)["input_ids"]
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into (ids, mask), both (B, L); left so that every row's next token goes at the end."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # (B, L)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)  # (B, L)
+    for row, tokens in enumerate(sequences):
+        if tokens:
+            ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+            mask[row, width - len(tokens):] = 1
+    return ids, mask
+
+
+def response_mask_until_eos(response_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask (B, T) of tokens up to and including the first EOS of each row, and (B,) whether an EOS was found."""
+    is_eos = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device))  # (B, T)
+    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()  # (B, T) EOS tokens strictly before t
+    return (eos_before == 0).long(), is_eos.any(dim=1)
+
+
+def _generation_kwargs(sampling: AnswerSampling, eos_ids: list[int], pad_id: int) -> dict:
+    kwargs = dict(
+        max_new_tokens=sampling.max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True,
+        do_sample=not sampling.greedy, num_beams=1,
+    )
+    if sampling.greedy:
+        # The model's own generation config may carry sampling settings; neutral values keep generate quiet.
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+    return kwargs
+
+
+@torch.inference_mode()
+def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], sampling: AnswerSampling) -> TokenBatch:
+    """Generate one response per prompt in a single left-padded batch (no seeding here: see generate_answers)."""
+    eos_ids = eos_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)  # (B, P), (B, P)
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    output = model.generate(
+        input_ids=prompt_ids, attention_mask=prompt_mask, **_generation_kwargs(sampling, eos_ids, pad_id)
+    )
+    response_ids = output[:, prompt_ids.shape[1]:]  # (B, T), T <= max_new_tokens
+    response_mask, ended = response_mask_until_eos(response_ids, eos_ids)  # (B, T), (B,)
+    return TokenBatch(prompt_ids, prompt_mask, response_ids, response_mask, ended)
+
+
+def decode_answers(tokenizer, batch: TokenBatch) -> list[Answer]:
+    """Answers of a TokenBatch: text without special tokens, EOS not counted in n_tokens."""
+    answers = []
+    for row in range(batch.response_ids.shape[0]):
+        ended = bool(batch.ended[row])
+        n_tokens = int(batch.response_mask[row].sum()) - int(ended)
+        tokens = batch.response_ids[row, :n_tokens].tolist()
+        text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        answers.append(Answer(text=text, n_tokens=n_tokens, finish_reason="stop" if ended else "length"))
+    return answers
+
+
+def generate_answers(
+    model,
+    tokenizer,
+    prompts: list[str],
+    n_per_prompt: int = 2,
+    sampling: AnswerSampling | None = None,
+    progress: ProgressCallback | None = None,
+    show_bar: bool = False,
+) -> GeneratedAnswers:
+    """Sample `n_per_prompt` whole answers for every prompt, in batches of `sampling.batch_size` sequences.
+
+    Sequences are grouped by prompt length so that batches carry little padding; the result keeps the prompts'
+    order. The model is switched to eval mode (no dropout) and back afterwards.
+    """
+    sampling = sampling or AnswerSampling()
+    if n_per_prompt < 1:
+        raise ValueError(f"n_per_prompt must be at least 1, got {n_per_prompt}")
+    if sampling.batch_size < 1 or sampling.max_new_tokens < 1:
+        raise ValueError(f"batch_size and max_new_tokens must be at least 1, got {sampling}")
+    encoded = [encode_prompt(tokenizer, prompt) for prompt in prompts]
+    jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n_per_prompt)), key=lambda ij: len(encoded[ij[0]]))
+    results: list[list[Answer | None]] = [[None] * n_per_prompt for _ in prompts]
+
+    was_training = model.training
+    model.eval()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    bar = tqdm(total=len(jobs), desc="generating answers", unit="answer", disable=not show_bar)
+    generated_tokens, started = 0, time.perf_counter()
+    try:
+        with torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None):
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            for start in range(0, len(jobs), sampling.batch_size):
+                chunk = jobs[start:start + sampling.batch_size]
+                batch = generate_tokens(model, tokenizer, [encoded[i] for i, _ in chunk], sampling)
+                for (i, j), answer in zip(chunk, decode_answers(tokenizer, batch)):
+                    results[i][j] = answer
+                generated_tokens += int(batch.response_mask.sum())
+                bar.update(len(chunk))
+                if progress is not None:
+                    progress(start + len(chunk), len(jobs))
+    finally:
+        bar.close()
+        model.train(was_training)
+
+    seconds = time.perf_counter() - started
+    flat = [answer for row in results for answer in row]
+    stats = {
+        "gen/tokens_per_s": generated_tokens / seconds if seconds > 0 else 0.0,
+        "time/generate_s": seconds,
+        "gen/answers": float(len(flat)),
+        "gen/finished_share": sum(a.finish_reason == "stop" for a in flat) / len(flat) if flat else 0.0,
+        "gen/mean_tokens": sum(a.n_tokens for a in flat) / len(flat) if flat else 0.0,
+    }
+    return GeneratedAnswers(answers=results, stats=stats)

@@ -1,0 +1,311 @@
+"""Supervised fine-tuning on demonstrations (DESIGN "SFT", reference 004's first stage).
+
+Cross-entropy on the answer tokens only: prompt tokens and padding carry the label -100, so the model learns to
+write answers, not to reproduce prompts. The prompt is encoded exactly as generation encodes it (chat template with
+generation prompt, `rlhf.generate.encode_prompt`) and the answer ends with EOS, so the model also learns to stop.
+The output folder becomes the reference and the starting actor: `command_sft` records it as a round-0 policy, and
+the store's `first_policy()` / `latest_policy()` then return it (the last recorded policy of round 0).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from rlhf.generate import encode_prompt
+
+IGNORE_INDEX = -100
+"""Label of positions that carry no loss (prompt and padding), as torch's cross_entropy expects."""
+
+SFTProgress = Callable[[int, int, float], None]
+"""Called as on_progress(step, total_steps, loss) after each optimizer step."""
+
+
+class SFTDataError(ValueError):
+    """Demonstration data that cannot be used; the message names the file and line and says what to fix."""
+
+
+@dataclass
+class SFTConfig:
+    """Settings of one SFT run."""
+
+    learning_rate: float = 5e-5
+    """AdamW peak learning rate (reference 004 suggests about 5e-5 for 1 to 3 epochs)."""
+    epochs: int = 2
+    """Passes over the demonstrations; more overfits, which narrows what PPO can explore later."""
+    batch_size: int = 8
+    """Examples per forward pass (per process)."""
+    gradient_accumulation_steps: int = 1
+    """Forward passes whose gradients add up to one optimizer step."""
+    max_length: int = 512
+    """Longest prompt + answer in tokens; longer examples lose the start of the prompt, then the end of the answer."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_ratio: float = 0.1
+    """Share of the optimizer steps over which the learning rate rises linearly from 0, before a linear decay."""
+    max_grad_norm: float = 1.0
+    """Gradients are clipped to this global norm."""
+    seed: int = 0
+    """Seed of the shuffling and of any dropout."""
+
+
+@dataclass
+class SFTResult:
+    """What an SFT run produced."""
+
+    out_dir: Path
+    """Folder holding the fine-tuned model (safetensors) and its tokenizer."""
+    steps: int
+    """Optimizer steps taken."""
+    examples: int
+    """Demonstrations trained on."""
+    truncated: int
+    """Examples cut to max_length."""
+    losses: list[float] = field(default_factory=list)
+    """Mean answer-token loss of each optimizer step."""
+    seconds: float = 0.0
+    """Wall time of the training loop and the save."""
+
+    @property
+    def final_loss(self) -> float:
+        return self.losses[-1] if self.losses else float("nan")
+
+
+def sft_examples_from_jsonl(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """(prompt, response) pairs from a JSON Lines file with one {"prompt": ..., "response": ...} object a line.
+
+    Blank lines are allowed; anything else that is not such an object raises SFTDataError naming file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SFTDataError(f"{path}: no such file. Pass a JSONL file of {{\"prompt\": ..., \"response\": ...}} lines.")
+    examples = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise SFTDataError(f"{where}: not valid JSON ({error.msg} at column {error.colno}).") from None
+            if not isinstance(record, dict):
+                raise SFTDataError(f"{where}: expected a JSON object with \"prompt\" and \"response\", got "
+                                   f"{type(record).__name__}.")
+            for key in ("prompt", "response"):
+                value = record.get(key)
+                if not isinstance(value, str) or not value.strip():
+                    found = ", ".join(sorted(record)) or "no keys"
+                    raise SFTDataError(f"{where}: \"{key}\" must be a non-empty string (the object has: {found}).")
+            examples.append((record["prompt"], record["response"]))
+    if not examples:
+        raise SFTDataError(f"{path}: holds no examples. Write one {{\"prompt\": ..., \"response\": ...}} object a line.")
+    return examples
+
+
+def encode_example(tokenizer, prompt: str, response: str, max_length: int) -> tuple[list[int], list[int], bool]:
+    """Token ids and labels of one demonstration (labels -100 on the prompt), and whether it was truncated.
+
+    The answer is tokenized on its own and appended, so the prompt's tokens are exactly those generation sees.
+    Too long: the prompt keeps its last max_length // 2 tokens at most (its end is what the answer follows),
+    then the answer is cut to fit.
+    """
+    prompt_ids = encode_prompt(tokenizer, prompt)
+    answer_ids = tokenizer(response.strip(), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    truncated = len(prompt_ids) + len(answer_ids) > max_length
+    if truncated:
+        prompt_ids = prompt_ids[-min(len(prompt_ids), max_length // 2):]
+        answer_ids = answer_ids[:max_length - len(prompt_ids)]
+    return prompt_ids + answer_ids, [IGNORE_INDEX] * len(prompt_ids) + answer_ids, truncated
+
+
+def collate_right_padded(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad (ids, labels) lists into input_ids, attention_mask, labels, each (B, L); labels -100 on padding."""
+    width = max(len(ids) for ids, _ in encoded)
+    input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)  # (B, L)
+    labels = torch.full((len(encoded), width), IGNORE_INDEX, dtype=torch.long)  # (B, L)
+    for row, (ids, row_labels) in enumerate(encoded):
+        input_ids[row, :len(ids)] = torch.tensor(ids)
+        attention_mask[row, :len(ids)] = 1
+        labels[row, :len(row_labels)] = torch.tensor(row_labels)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def answer_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the tokens whose label is not -100; the logits at t predict the token at t + 1."""
+    shifted_logits = logits[:, :-1, :].float()  # (B, L-1, V)
+    shifted_labels = labels[:, 1:]  # (B, L-1)
+    return F.cross_entropy(shifted_logits.reshape(-1, shifted_logits.shape[-1]), shifted_labels.reshape(-1),
+                           ignore_index=IGNORE_INDEX)
+
+
+def linear_warmup_decay(step: int, total: int, warmup: int) -> float:
+    """Learning-rate factor: 0 -> 1 over `warmup` steps, then 1 -> 0 linearly at `total`."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def save_model_atomically(model, tokenizer, out_dir: Path, state_dict: dict | None = None) -> None:
+    """save_pretrained (safetensors) + tokenizer into a staging folder renamed into place: no half-written folder."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(staging, safe_serialization=True, state_dict=state_dict)
+        tokenizer.save_pretrained(staging)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def train_sft(
+    model_path: str | os.PathLike,
+    examples: list[tuple[str, str]],
+    config: SFTConfig | None = None,
+    out_dir: str | os.PathLike = "data/checkpoints/sft",
+    on_progress: SFTProgress | None = None,
+    show_bar: bool = True,
+) -> SFTResult:
+    """Fine-tune the causal LM at `model_path` on (prompt, response) pairs and save it to `out_dir`.
+
+    Runs through one accelerate.Accelerator (fp32 on CPU, bf16 mixed precision on CUDA), so it works the same
+    under `accelerate launch` or `torchrun`; only the main process writes the folder.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    from rlhf.models import load_causal_lm, load_tokenizer
+
+    config = config or SFTConfig()
+    if not examples:
+        raise SFTDataError("no demonstrations to train on")
+    started = time.perf_counter()
+    accelerator = Accelerator(
+        mixed_precision="bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no",
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+    )
+    set_seed(config.seed)
+    tokenizer = load_tokenizer(model_path)
+    model = load_causal_lm(model_path)
+    model.config.use_cache = False  # no KV cache while training; restored before saving
+
+    encoded = [encode_example(tokenizer, p, r, config.max_length) for p, r in examples]
+    truncated = sum(cut for _, _, cut in encoded)
+    if truncated:
+        accelerator.print(f"SFT: {truncated} of {len(encoded)} examples cut to max_length={config.max_length} tokens.")
+    loader = torch.utils.data.DataLoader(
+        [(ids, labels) for ids, labels, _ in encoded], batch_size=config.batch_size, shuffle=True,
+        collate_fn=lambda items: collate_right_padded(items, tokenizer.pad_token_id),
+        generator=torch.Generator().manual_seed(config.seed),
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    steps_per_epoch = math.ceil(len(loader) / accelerator.num_processes / config.gradient_accumulation_steps)
+    total_steps = max(1, steps_per_epoch * config.epochs)
+    warmup = int(config.warmup_ratio * total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total_steps, warmup))
+    # The scheduler stays unprepared and steps once per optimizer step: accelerate's wrapper would step it once
+    # per process, for schedules counted in single-process steps.
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    losses: list[float] = []
+    window: list[float] = []  # losses of the micro-batches of the current optimizer step
+    bar = tqdm(total=total_steps, desc="SFT", unit="step", disable=not (show_bar and accelerator.is_main_process))
+    model.train()
+    for _epoch in range(config.epochs):
+        for batch in loader:
+            with accelerator.accumulate(model):
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                loss = answer_token_loss(logits, batch["labels"])  # (B, L, V) logits -> scalar
+                accelerator.backward(loss)
+                window.append(accelerator.reduce(loss.detach(), reduction="mean").item())
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            if accelerator.sync_gradients:
+                scheduler.step()
+                losses.append(sum(window) / len(window))
+                window.clear()
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+                if on_progress is not None:
+                    on_progress(len(losses), total_steps, losses[-1])
+    bar.close()
+
+    out_dir = Path(out_dir)
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.config.use_cache = True
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        save_model_atomically(unwrapped, tokenizer, out_dir, state_dict=state_dict)
+    accelerator.wait_for_everyone()
+    return SFTResult(out_dir=out_dir, steps=len(losses), examples=len(examples), truncated=truncated,
+                     losses=losses, seconds=time.perf_counter() - started)
+
+
+def command_sft(args) -> int:
+    """`python app.py --sft [FILE]`: fine-tune --model on FILE, or on the annotators' demonstrations, and record it."""
+    from accelerate import PartialState
+
+    from annotate.pairs import ensure_base_policy
+    from annotate.store import Store
+    from rlhf.models import ModelNotFoundError
+
+    config = SFTConfig(
+        learning_rate=getattr(args, "sft_lr", None) or SFTConfig.learning_rate,
+        epochs=getattr(args, "sft_epochs", None) or SFTConfig.epochs,
+        batch_size=getattr(args, "sft_batch_size", None) or SFTConfig.batch_size,
+    )
+    out_dir = Path(args.out) if getattr(args, "out", None) else Path("data/checkpoints") / time.strftime("sft-%Y%m%d-%H%M%S")
+    main_process = PartialState().is_main_process  # under accelerate launch / torchrun only one writes the store
+    store = Store(args.db)
+    try:
+        if args.sft:
+            examples = sft_examples_from_jsonl(args.sft)
+            source = args.sft
+        else:
+            examples = store.demonstrations()
+            source = f"the demonstrations in {args.db}"
+            if not examples:
+                print(f"app.py --sft: {args.db} holds no demonstrations yet. Annotators write them in the app's "
+                      "'write a better answer' box; or pass a JSONL file: --sft FILE with one "
+                      "{\"prompt\": ..., \"response\": ...} object a line.", file=sys.stderr)
+                return 2
+        current = ensure_base_policy(store, args.model) if main_process else store.latest_policy()
+        if main_process and current.round > 0:
+            print(f"app.py --sft: note: rounds have already run (the current policy is round {current.round}). The "
+                  "SFT model becomes the reference of the next rounds; they go on from the current policy.",
+                  file=sys.stderr)
+        print(f"SFT of {args.model} on {len(examples)} examples from {source}; saving to {out_dir}", file=sys.stderr)
+        result = train_sft(args.model, examples, config, out_dir)
+    except SFTDataError as error:
+        print(f"app.py --sft: {error}", file=sys.stderr)
+        return 2
+    except ModelNotFoundError as error:
+        print(f"app.py --sft: {error}", file=sys.stderr)
+        return 2
+    if not main_process:
+        return 0
+    base = store.policies()[0]  # the first recorded policy is the base model
+    policy_id = store.add_policy(round=0, path=str(result.out_dir), parent_id=base.id)
+    print(f"SFT done: {result.steps} steps in {result.seconds:.0f} s, loss {result.losses[0]:.3f} -> "
+          f"{result.final_loss:.3f}. Saved to {result.out_dir}, recorded as policy {policy_id} (round 0): "
+          "it is now the reference and the starting actor.")
+    return 0

@@ -1,0 +1,146 @@
+"""Batched answer generation: counts, finish reasons, left padding, seeding, and the default model's whole answers."""
+
+import pytest
+import torch
+
+from rlhf.generate import (
+    AnswerSampling,
+    TokenBatch,
+    decode_answers,
+    encode_prompt,
+    generate_answers,
+    generate_tokens,
+    left_pad,
+    response_mask_until_eos,
+)
+from rlhf.models import load_causal_lm, load_tokenizer
+
+PROMPTS = ["Name a colour.", "Write one long sentence about the history of bridges in Europe.", "Hi"]
+
+
+def untied_tiny_model(path):
+    """The tiny model with its own random output matrix. With the embeddings tied, a random model's output at a
+    position resembles its input token, so greedy decoding repeats the last prompt token ("\\n") whatever the
+    prompt; untied, what it writes depends on the whole prompt, which the padding and pair tests need."""
+    model = load_causal_lm(path)
+    generator = torch.Generator().manual_seed(0)
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape, generator=generator))
+    model.config.tie_word_embeddings = False
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir):
+    return untied_tiny_model(tiny_model_dir)
+
+
+def test_every_prompt_gets_n_answers_and_a_cut_answer_has_exactly_the_limit(tiny_model, tokenizer):
+    sampling = AnswerSampling(max_new_tokens=6, temperature=1.0, batch_size=4, seed=1)
+    result = generate_answers(tiny_model, tokenizer, PROMPTS, n_per_prompt=3, sampling=sampling)
+
+    assert [len(row) for row in result.answers] == [3, 3, 3]
+    for answer in (a for row in result.answers for a in row):
+        # A random model over a 49k vocabulary practically never picks EOS in 6 draws.
+        assert answer.finish_reason == "length"
+        assert answer.n_tokens == 6
+    assert result.stats["gen/answers"] == 9
+    assert result.stats["gen/finished_share"] == 0.0
+    assert result.stats["gen/mean_tokens"] == 6
+    assert result.stats["gen/tokens_per_s"] > 0 and result.stats["time/generate_s"] > 0
+
+
+def test_left_padded_batch_gives_the_same_greedy_answers_as_one_prompt_at_a_time(tiny_model, tokenizer):
+    greedy = AnswerSampling(max_new_tokens=8, temperature=0.0, batch_size=8)
+    batched = generate_answers(tiny_model, tokenizer, PROMPTS, n_per_prompt=1, sampling=greedy).answers
+    alone = [generate_answers(tiny_model, tokenizer, [p], n_per_prompt=1, sampling=greedy).answers[0] for p in PROMPTS]
+
+    assert len({len(encode_prompt(tokenizer, p)) for p in PROMPTS}) == 3  # three widths: real padding in the batch
+    assert len({row[0].text for row in alone}) == 3  # each prompt gets its own answer: the check can fail
+    assert batched == alone  # same order as the prompts, same text and counts
+
+
+def test_left_padded_tokens_match_unpadded_tokens(tiny_model, tokenizer):
+    greedy = AnswerSampling(max_new_tokens=8, temperature=0.0)  # "Hi" and "Name a colour." part at token 7
+    encoded = [encode_prompt(tokenizer, p) for p in PROMPTS]
+    batch = generate_tokens(tiny_model, tokenizer, encoded, greedy)
+
+    assert batch.prompt_mask[2].tolist().count(0) == len(encoded[1]) - len(encoded[2])  # padding on the left
+    assert batch.prompt_mask[2, -1] == 1
+    for row, tokens in enumerate(encoded):
+        single = generate_tokens(tiny_model, tokenizer, [tokens], greedy)
+        assert batch.response_ids[row].tolist() == single.response_ids[0].tolist()
+    assert len({tuple(row) for row in batch.response_ids.tolist()}) == 3
+    assert batch.sequences.shape == batch.attention_mask.shape == (3, len(encoded[1]) + 8)
+
+
+def test_a_seed_repeats_the_draws_and_leaves_the_callers_random_state_alone(tiny_model, tokenizer):
+    sampling = AnswerSampling(max_new_tokens=6, temperature=1.0, seed=7)
+    torch.manual_seed(123)
+    first = generate_answers(tiny_model, tokenizer, PROMPTS, sampling=sampling).answers
+    after_generation = torch.rand(1)
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    second = generate_answers(tiny_model, tokenizer, PROMPTS, sampling=sampling).answers
+
+    assert first == second
+    assert first[0][0] != first[0][1]  # two samples of one prompt differ
+    assert torch.equal(after_generation, expected_next)
+
+
+def test_the_model_is_left_in_the_mode_it_was_in(tiny_model, tokenizer):
+    tiny_model.train()
+    generate_answers(tiny_model, tokenizer, ["Hi"], n_per_prompt=1, sampling=AnswerSampling(max_new_tokens=2))
+    assert tiny_model.training
+    tiny_model.eval()
+
+
+def test_response_mask_runs_to_the_first_eos_inclusive():
+    eos = 2
+    response = torch.tensor([
+        [5, 6, eos, eos, eos],  # ended after 2 tokens; the rest is padding (pad == eos here)
+        [5, 6, 7, 8, 9],  # cut at the limit
+        [eos, eos, eos, eos, eos],  # ended at once: an empty answer
+    ])
+    mask, ended = response_mask_until_eos(response, [eos])
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+    assert ended.tolist() == [True, False, True]
+
+
+def test_decoded_answers_count_tokens_without_the_eos(tokenizer):
+    eos = tokenizer.eos_token_id
+    hello = tokenizer("Hello there", add_special_tokens=False)["input_ids"]  # 2 tokens: "Hello", " there"
+    ids, mask = left_pad([[1, 2, 3]] * 2, tokenizer.pad_token_id)
+    response = torch.tensor([hello + [eos, eos], hello + hello])
+    response_mask, ended = response_mask_until_eos(response, [eos])
+    answers = decode_answers(tokenizer, TokenBatch(ids, mask, response, response_mask, ended))
+
+    assert [(a.text, a.n_tokens, a.finish_reason) for a in answers] == [
+        ("Hello there", 2, "stop"),
+        ("Hello thereHello there", 4, "length"),
+    ]
+
+
+def test_left_pad_puts_padding_first():
+    ids, mask = left_pad([[7, 8, 9], [4]], pad_id=0)
+    assert ids.tolist() == [[7, 8, 9], [0, 0, 4]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+SHIPPED_STYLE_PROMPTS = [
+    "What is the capital of France?",
+    "Give me three tips for sleeping better.",
+    "Why is the sky blue?",
+    "Write a haiku about autumn rain.",
+]
+
+
+@pytest.mark.slow
+def test_the_default_model_mostly_finishes_its_answers_at_the_default_settings():
+    tokenizer = load_tokenizer("default")
+    model = load_causal_lm("default")
+    result = generate_answers(model, tokenizer, SHIPPED_STYLE_PROMPTS, n_per_prompt=2,
+                              sampling=AnswerSampling(seed=0))
+    answers = [a for row in result.answers for a in row]
+    assert sum(a.finish_reason == "stop" for a in answers) >= 6  # of 8; measured: see bench/finish_rate.py
+    assert all(a.text for a in answers)
+    assert all(a.n_tokens <= AnswerSampling().max_new_tokens for a in answers)

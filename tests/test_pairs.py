@@ -1,0 +1,177 @@
+"""Making pairs: which prompts, how many pairs of each kind, who wrote which side, what gets skipped."""
+
+from argparse import Namespace
+
+import pytest
+import torch
+
+from annotate.pairs import PairsReport, command_generate_pairs, earlier_policy, ensure_base_policy, make_pairs, usable
+from annotate.store import Store
+from rlhf.generate import Answer, AnswerSampling
+from rlhf.models import build_tiny_model, load_causal_lm
+
+SHORT = AnswerSampling(max_new_tokens=4, temperature=1.0, batch_size=8, seed=0)
+
+
+@pytest.fixture()
+def store():
+    with Store(":memory:") as store:
+        store.add_prompts([f"Question number {i}?" for i in range(1, 7)], source="test")
+        yield store
+
+
+def untied_tiny_model(path):
+    """The tiny model with its own random output matrix. With the embeddings tied, a random model's output at a
+    position resembles its input token, so greedy decoding repeats the last prompt token ("\\n") whatever the
+    prompt; untied, what it writes depends on the whole prompt, which the padding and pair tests need."""
+    model = load_causal_lm(path)
+    generator = torch.Generator().manual_seed(0)
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape, generator=generator))
+    model.config.tie_word_embeddings = False
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir):
+    return untied_tiny_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tmp_path_factory, real_tokenizer):
+    """A second tiny model with other random weights: the 'earlier policy' of versus pairs."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-other"), real_tokenizer, seed=1)
+
+
+def pair_rows(store):
+    """(prompt_id, kind, policy of gen_a, policy of gen_b) for every stored pair."""
+    rows = []
+    for pair_id in range(1, store.count_pairs() + 1):
+        pair = store.pair(pair_id)
+        a, b = store.generation(pair.gen_a), store.generation(pair.gen_b)
+        assert a.prompt_id == b.prompt_id == pair.prompt_id
+        rows.append((pair.prompt_id, pair.kind, a.policy_id, b.policy_id))
+    return rows
+
+
+def test_first_start_records_the_base_model_once(store):
+    base = ensure_base_policy(store, "default")
+    assert (base.round, base.path, base.parent_id) == (0, "default", None)
+    assert ensure_base_policy(store, "some/other-model") == base
+    assert len(store.policies()) == 1
+
+
+def test_sample_pairs_go_to_the_prompts_with_fewest_pairs(store, tiny_model, tokenizer):
+    base = ensure_base_policy(store, "tiny")
+    first = make_pairs(store, tiny_model, tokenizer, n_pairs=4, policy_id=base.id, sampling=SHORT, seed=0)
+    second = make_pairs(store, tiny_model, tokenizer, n_pairs=4, policy_id=base.id, sampling=SHORT, seed=1)
+
+    assert (first.written, first.sample, first.versus) == (4, 4, 0)
+    assert (second.written, second.sample, second.versus) == (4, 4, 0)
+    # Prompts 1-4 first; then the two without a pair (5, 6), then the oldest of those with one (1, 2).
+    assert sorted(row[0] for row in pair_rows(store)) == [1, 1, 2, 2, 3, 4, 5, 6]
+    assert {row[1:] for row in pair_rows(store)} == {("sample", base.id, base.id)}
+    assert store.stats()["generations"] == 16
+    assert first.stats["gen/answers"] == 8 and first.stats["gen/finished_share"] == 0.0
+
+
+def test_stored_answers_keep_their_token_counts_and_finish_reason(store, tiny_model, tokenizer):
+    base = ensure_base_policy(store, "tiny")
+    make_pairs(store, tiny_model, tokenizer, n_pairs=1, policy_id=base.id, sampling=SHORT, seed=0)
+    pair = store.pair(1)
+    for generation in (store.generation(pair.gen_a), store.generation(pair.gen_b)):
+        assert (generation.n_tokens, generation.finish_reason) == (4, "length")
+        assert generation.text
+
+
+def test_versus_pairs_put_the_newer_policy_on_side_a(store, tiny_model, tokenizer, other_model_dir):
+    base = ensure_base_policy(store, str(other_model_dir))
+    newer_id = store.add_policy(round=1, path="checkpoints/round-1", parent_id=base.id)
+    report = make_pairs(store, tiny_model, tokenizer, n_pairs=4, policy_id=newer_id, versus_share=0.5,
+                        sampling=SHORT, seed=0)
+
+    assert (report.written, report.sample, report.versus) == (4, 2, 2)
+    assert report.versus_policy_id == base.id
+    rows = pair_rows(store)
+    assert sorted(row[1:] for row in rows) == [
+        ("sample", newer_id, newer_id), ("sample", newer_id, newer_id),
+        ("versus", newer_id, base.id), ("versus", newer_id, base.id),
+    ]
+    assert sorted(row[0] for row in rows) == [1, 2, 3, 4]
+
+
+def test_without_an_earlier_policy_every_pair_is_a_sample_pair(store, tiny_model, tokenizer, capsys):
+    base = ensure_base_policy(store, "tiny")
+    report = make_pairs(store, tiny_model, tokenizer, n_pairs=3, policy_id=base.id, versus_share=1.0,
+                        sampling=SHORT, seed=0)
+    assert (report.written, report.sample, report.versus) == (3, 3, 0)
+    assert "making sample pairs only" in capsys.readouterr().err
+
+
+def test_identical_answers_make_no_pair(store, tiny_model, tokenizer):
+    base = ensure_base_policy(store, "tiny")
+    greedy = AnswerSampling(max_new_tokens=4, temperature=0.0)  # both answers to a prompt come out the same
+    report = make_pairs(store, tiny_model, tokenizer, n_pairs=3, policy_id=base.id, sampling=greedy, seed=0)
+    assert (report.written, report.skipped_identical) == (0, 3)
+    assert store.count_pairs() == 0 and store.stats()["generations"] == 0
+
+
+def test_empty_or_identical_answers_are_not_usable():
+    report = PairsReport()
+    hello, other, empty = Answer("Hello", 1, "stop"), Answer("Hi!", 2, "stop"), Answer("", 0, "stop")
+    assert usable(hello, other, report)
+    assert not usable(hello, Answer("Hello", 1, "stop"), report)
+    assert not usable(empty, hello, report) and not usable(hello, empty, report)
+    assert (report.skipped_identical, report.skipped_empty) == (1, 2)
+
+
+def test_progress_is_reported_per_batch_of_prompts(store, tiny_model, tokenizer):
+    base = ensure_base_policy(store, "tiny")
+    calls = []
+    sampling = AnswerSampling(max_new_tokens=2, temperature=1.0, batch_size=4, seed=0)  # 2 prompts per batch
+    make_pairs(store, tiny_model, tokenizer, n_pairs=5, policy_id=base.id, sampling=sampling,
+               progress=lambda done, total: calls.append((done, total, store.count_pairs())))
+    assert calls == [(2, 5, 2), (4, 5, 4), (5, 5, 5)]  # pairs are in the store as each batch finishes
+
+
+def test_the_earlier_policy_is_the_parent_or_else_the_last_of_an_earlier_round(store):
+    base_id = store.add_policy(round=0, path="base")
+    sft_id = store.add_policy(round=0, path="sft", parent_id=base_id)
+    round_1 = store.add_policy(round=1, path="r1", parent_id=sft_id)
+    orphan = store.add_policy(round=2, path="r2")
+    assert earlier_policy(store, store.policy(round_1)).id == sft_id
+    assert earlier_policy(store, store.policy(orphan)).id == round_1
+    assert earlier_policy(store, store.policy(base_id)) is None
+
+
+def generate_args(db, model, n, **extra):
+    values = dict(db=str(db), model=str(model), generate_pairs=str(n), versus_share=0.0, max_new_tokens=4,
+                  temperature=None)
+    values.update(extra)
+    return Namespace(**values)
+
+
+def test_generate_pairs_command_uses_the_base_model_on_a_fresh_database(tmp_path, tiny_model_dir, capsys):
+    with Store(tmp_path / "loop.db") as store:
+        store.add_prompts(["Hi?", "Why?", "How?"])
+    assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, 2)) == 0
+
+    with Store(tmp_path / "loop.db") as store:
+        (policy,) = store.policies()
+        assert (policy.round, policy.path) == (0, str(tiny_model_dir))
+        assert store.count_pairs() == 2 and store.pairs_waiting() == 2
+    assert "2 pairs written" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("n, extra, message", [
+    ("zero", {}, "N must be a positive whole number"),
+    ("0", {}, "N must be a positive whole number"),
+    ("2", {"versus_share": 1.5}, "--versus-share must lie between 0 and 1"),
+])
+def test_generate_pairs_command_refuses_bad_numbers(tmp_path, tiny_model_dir, capsys, n, extra, message):
+    assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, n, **extra)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_generate_pairs_command_without_prompts_says_how_to_import_them(tmp_path, tiny_model_dir, capsys):
+    assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, 2)) == 2
+    assert "--import-prompts" in capsys.readouterr().err
