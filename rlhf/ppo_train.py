@@ -137,19 +137,23 @@ def _prompts_for_command(args) -> list[str]:
 
 
 def command_train_ppo(args) -> int:
-    """`--train-ppo --reward-model DIR [--prompts FILE] [--steps N] [--out DIR] [--lora]`: PPO alone."""
+    """`--train-ppo --reward-model DIR [--prompts FILE] [--steps N] [--out DIR] [--lora] ...`: PPO alone."""
     if not args.reward_model:
         return _fail("--train-ppo needs --reward-model DIR, a folder saved by --train-reward")
     if not is_reward_model_dir(args.reward_model):
         return _fail(f"{args.reward_model} is not a reward model folder (no reward_model.json there); "
                      "train one with --train-reward")
-    if args.steps is not None and args.steps < 1:
-        return _fail("--steps must be at least 1")
+    for flag in ("steps", "ppo_batch_size", "ppo_max_new_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            return _fail(f"--{flag.replace('_', '-')} must be at least 1")
     try:
         prompts = _prompts_for_command(args)
     except ValueError as error:
         return _fail(str(error))
-    config = PPOConfig(steps=args.steps or 0, use_lora=args.lora, seed=args.seed)
+    sizes = {"batch_size": args.ppo_batch_size, "mini_batch_size": args.ppo_batch_size,
+             "max_new_tokens": args.ppo_max_new_tokens}
+    config = PPOConfig(steps=args.steps or 0, use_lora=args.lora, seed=args.seed,
+                       **{name: value for name, value in sizes.items() if value is not None})
     out_dir = Path(args.out or f"data/checkpoints/ppo-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         result = train_ppo(args.model, args.reward_model, prompts, config, out_dir,
