@@ -6,10 +6,10 @@ All maths comes from `rlhf.losses`; this file only moves tensors between models 
 
 from __future__ import annotations
 
+import copy
 import math
 import time
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -354,7 +354,10 @@ class PPOTrainer:
     # ----- runs and saving -----
 
     def train(self, prompts: list[str], on_step: Callable[[dict], None] | None = None) -> list[dict]:
-        """Steps over the prompts (this process's share), as many as config.steps or config.epochs say."""
+        """Steps over the prompts (this process's share), as many as config.steps or config.epochs say.
+
+        `on_step(metrics)` runs after every step on every process, with the metrics averaged over processes.
+        """
         config, accelerator = self.config, self.accelerator
         shard = prompts[accelerator.process_index::accelerator.num_processes]
         if not shard:
@@ -395,6 +398,4 @@ class PPOTrainer:
 
 def _merged_copy(peft_model):
     """The base model with the adapters folded into its weights, leaving the training model untouched."""
-    import copy
-
     return copy.deepcopy(peft_model).merge_and_unload()

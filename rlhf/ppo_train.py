@@ -57,6 +57,13 @@ def add_lora(model: nn.Module, config: PPOConfig, causal_lm: bool):
     return get_peft_model(model, lora_config)
 
 
+def _same_model(a: str | Path, b: str | Path) -> bool:
+    """Whether two model names point at the same weights (folders compared after resolving the path)."""
+    if Path(a).exists() and Path(b).exists():
+        return Path(a).resolve() == Path(b).resolve()
+    return str(a) == str(b)
+
+
 def build_ppo_trainer(
     actor_path: str | Path,
     reward_model_path: str | Path,
@@ -73,8 +80,8 @@ def build_ppo_trainer(
     """
     accelerator = accelerator or make_accelerator()
     frozen_dtype = default_dtype(accelerator.device)
-    same_reference = reference_path is None or str(reference_path) == str(actor_path)
-    same_critic = critic_path is None or str(critic_path) == str(reward_model_path)
+    same_reference = reference_path is None or _same_model(reference_path, actor_path)
+    same_critic = critic_path is None or _same_model(critic_path, reward_model_path)
     tokenizer = load_tokenizer(actor_path)
     actor = load_causal_lm(actor_path)  # trained: fp32 weights, bf16 autocast on CUDA
     critic = RewardModel.from_pretrained(critic_path or reward_model_path)
