@@ -16,7 +16,7 @@ from rlhf.models import format_prompt, load_causal_lm, load_tokenizer, resolve_m
 from rlhf.ppo import PPOConfig, PPOTrainer
 from rlhf.generate import response_mask_until_eos
 from rlhf.ppo_experience import position_ids_from_mask, response_log_probs
-from rlhf.ppo_train import add_lora, build_ppo_trainer, train_ppo
+from rlhf.ppo_train import _same_model, add_lora, build_ppo_trainer, train_ppo
 from rlhf.reward import RewardModel, RewardOutput
 
 PROMPTS = ["hello there", "what is two plus two", "tell me a joke", "name a colour"]
@@ -364,6 +364,15 @@ def test_command_reads_prompts_from_the_store(tiny_model_dir, reward_model_dir, 
                      "--db", str(db), "--steps", "1", "--out", str(tmp_path / "actor"),
                      "--ppo-batch-size", "2", "--ppo-max-new-tokens", "4"])
     assert code == 0 and "on 2 prompts" in capsys.readouterr().out
+
+
+def test_lora_shares_weights_only_with_the_same_folder(tmp_path, monkeypatch):
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert _same_model("policy", tmp_path / "policy")  # relative and absolute spellings of one folder
+    assert not _same_model("policy", tmp_path / "other")
+    assert _same_model("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-135M")
 
 
 @pytest.mark.slow
