@@ -141,9 +141,13 @@ def _generation_kwargs(sampling: AnswerSampling, eos_ids: list[int], pad_id: int
     return kwargs
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], sampling: AnswerSampling) -> TokenBatch:
-    """Generate one response per prompt in a single left-padded batch (no seeding here: see generate_answers)."""
+    """Generate one response per prompt in a single left-padded batch (no seeding here: see generate_answers).
+
+    no_grad rather than inference_mode: PPO feeds these tensors to forward passes that build a graph, which
+    inference tensors refuse. generate_answers, which only decodes, runs under inference_mode.
+    """
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)  # (B, P), (B, P)
@@ -169,6 +173,7 @@ def decode_answers(tokenizer, batch: TokenBatch) -> list[Answer]:
     return answers
 
 
+@torch.inference_mode()
 def generate_answers(
     model,
     tokenizer,
