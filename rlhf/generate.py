@@ -194,7 +194,8 @@ def generate_answers(
     if sampling.batch_size < 1 or sampling.max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be at least 1, got {sampling}")
     encoded = [encode_prompt(tokenizer, prompt) for prompt in prompts]
-    jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n_per_prompt)), key=lambda ij: len(encoded[ij[0]]))
+    jobs = [(i, j) for i in range(len(prompts)) for j in range(n_per_prompt)]  # (prompt index, sample index)
+    jobs.sort(key=lambda job: len(encoded[job[0]]))
     results: list[list[Answer | None]] = [[None] * n_per_prompt for _ in prompts]
 
     was_training = model.training
