@@ -1,0 +1,165 @@
+"""Training rounds started from the app: `python app.py --train-round` in a child process, its log kept for the page.
+
+The round is the same command a cron job or a GPU box runs, so the app never trains in its own process: annotation
+goes on while the round runs, and a crash of the round cannot take the app down. One round at a time: the runner
+refuses while its own child runs or while the store holds a `running` round (started elsewhere, e.g. from a shell).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Sequence
+
+from annotate.store import Store
+
+MAX_LOG_LINES = 2000
+
+
+def is_progress_bar(line: str) -> bool:
+    """tqdm redraws its bar with carriage returns; each redraw arrives here as a line holding `%|`."""
+    return "%|" in line
+
+
+def bar_label(line: str) -> str:
+    """The part of a tqdm line before its percentage: the same label means a redraw of the same bar."""
+    return line.split("%|", 1)[0].rstrip("0123456789 ")
+
+
+class RoundRunner:
+    """Starts rounds as child processes, one at a time, and keeps the latest lines of their output."""
+
+    def __init__(self, store: Store, command: Sequence[str] | None, cwd: str | Path | None = None,
+                 auto_every: int = 0, max_log_lines: int = MAX_LOG_LINES):
+        self.store = store
+        self.command = list(command) if command is not None else None
+        self.cwd = str(cwd) if cwd is not None else None
+        self.auto_every = max(0, int(auto_every))
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        self._log: deque[str] = deque(maxlen=max_log_lines)
+        self._started_at: float | None = None
+        self._started_by = ""
+        # Votes (no skips) counted when the last round was started here; "every N new votes" counts from it. At
+        # start-up the votes since the last finished round already count as new.
+        self._votes_at_last_start = store.count_votes_since(None) - store.votes_since_last_round()
+
+    @property
+    def available(self) -> bool:
+        """False while this version of rlhf-loop has no round command (`app.py --train-round` not built yet)."""
+        return self.command is not None
+
+    def running(self) -> bool:
+        """True while this runner's child process runs."""
+        with self._lock:
+            return self._process is not None and self._process.poll() is None
+
+    def exit_code(self) -> int | None:
+        """The last child's exit code once it ended; None while it runs or when none was started."""
+        with self._lock:
+            return None if self._process is None else self._process.poll()
+
+    def set_auto_every(self, every: int) -> None:
+        """Start a round automatically after `every` new votes; 0 turns it off."""
+        if every < 0:
+            raise ValueError(f"auto-start needs a number of votes of 0 (off) or more, not {every}")
+        self.auto_every = int(every)
+
+    def new_votes(self) -> int:
+        """Votes (no skips) recorded since the last round started from here (or, before any, the last finished)."""
+        return self.store.count_votes_since(None) - self._votes_at_last_start
+
+    def start(self, started_by: str) -> tuple[bool, str]:
+        """Start a round; (started, message for the page)."""
+        if not self.available:
+            return False, "Training is not available yet in this version of rlhf-loop (`app.py --train-round`)."
+        with self._lock:
+            if self._process is not None and self._process.poll() is None:
+                return False, (f"A round is already running (started by {self._started_by}, "
+                               f"process {self._process.pid}).")
+            # A round whose process died (a crash, a reboot) would otherwise block every later start from here.
+            self.store.mark_stale_rounds_failed()
+            other = self.store.running_round()
+            if other is not None:
+                return False, (f"Round {other.id} is already running (process {other.pid}, "
+                               f"started {other.started_at}); one round at a time.")
+            self._log.clear()
+            self._log.append(f"$ {' '.join(self.command)}")
+            try:
+                process = subprocess.Popen(
+                    self.command, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+            except OSError as error:
+                self._log.append(f"could not start the round: {error}")
+                return False, f"Could not start the round: {error}"
+            self._process = process
+            self._started_at = time.monotonic()
+            self._started_by = started_by
+            self._votes_at_last_start = self.store.count_votes_since(None)
+            self._reader = threading.Thread(target=self._read_output, args=(process,), name="round-log", daemon=True)
+            self._reader.start()
+        return True, f"Round started by {started_by} (process {process.pid})."
+
+    def maybe_auto_start(self) -> bool:
+        """Start a round when auto-start is on and enough new votes came in; True when one was started."""
+        if self.auto_every <= 0 or not self.available or self.running():
+            return False
+        if self.new_votes() < self.auto_every:
+            return False
+        started, _message = self.start(f"auto-start after {self.auto_every} new votes")
+        return started
+
+    def _read_output(self, process: subprocess.Popen) -> None:
+        for raw in process.stdout:
+            line = raw.rstrip("\n")
+            if not line.strip():
+                continue
+            with self._lock:
+                # A redraw of the same progress bar replaces the previous line instead of flooding the log.
+                if self._log and is_progress_bar(line) and is_progress_bar(self._log[-1]) \
+                        and bar_label(line) == bar_label(self._log[-1]):
+                    self._log[-1] = line
+                else:
+                    self._log.append(line)
+        code = process.wait()
+        with self._lock:
+            seconds = time.monotonic() - (self._started_at or time.monotonic())
+            self._log.append(f"[round process exited with code {code} after {seconds:.0f} s]")
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for the child and for its last line of output (tests, shutdown)."""
+        with self._lock:
+            process, reader = self._process, self._reader
+        if process is None:
+            return None
+        code = process.wait(timeout)
+        reader.join(timeout)
+        return code
+
+    def log_text(self) -> str:
+        with self._lock:
+            return "\n".join(self._log)
+
+    def status_text(self) -> str:
+        """One line for the admin page."""
+        if not self.available:
+            return "Training is not available yet in this version of rlhf-loop."
+        with self._lock:
+            process = self._process
+            started_by = self._started_by
+            started_at = self._started_at
+        auto = f"auto-start every {self.auto_every} new votes" if self.auto_every else "auto-start off"
+        if process is not None and process.poll() is None:
+            return (f"A round is running (process {process.pid}, started by {started_by}, "
+                    f"{time.monotonic() - (started_at or 0):.0f} s ago). {auto}.")
+        other = self.store.running_round()
+        if other is not None:
+            return f"Round {other.id} is running in another process ({other.pid}). {auto}."
+        last = "" if process is None else f"Last round from here exited with code {process.poll()}. "
+        return f"No round running. {last}{self.new_votes()} new votes since the last round; {auto}."

@@ -1,0 +1,349 @@
+"""The annotation app: `build_app(store, generator, config) -> gr.Blocks`.
+
+Handlers are plain methods of `AnnotateHandlers` (and `AdminHandlers`, `DashboardHandlers`) taking the session and
+the request, so tests call them without a browser; `build_app` only lays out components and wires events. Every
+handler goes through the store: no SQL, no files here. No module-level state: everything lives in the objects
+`build_app` creates, so two apps (tests) never share anything.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import gradio as gr
+
+from annotate.generation_job import GenerationJob, PairGenerator
+from annotate.rounds_runner import RoundRunner
+from annotate.store import Store
+from annotate.ui_admin import AdminHandlers, build_admin_tab
+from annotate.ui_dashboard import DashboardHandlers, build_dashboard_tab
+from annotate.ui_session import AppConfig, Session, clean_name, escape, render_untrusted, signed_in_name
+
+# Screen choices (about what the page shows left and right) -> button label and key. Showing.stored_choice turns a
+# screen choice into one about the pair's gen_a / gen_b.
+VOTE_BUTTONS = (
+    ("left", "A is better", "1"),
+    ("right", "B is better", "2"),
+    ("tie", "Tie", "3"),
+    ("both_bad", "Both are bad", "4"),
+    ("skip", "Skip", "5"),
+)
+SCREEN_CHOICES = tuple(choice for choice, _label, _key in VOTE_BUTTONS)
+CHOICE_LABELS = {choice: label for choice, label, _key in VOTE_BUTTONS}
+
+# Keys 1-5 click the vote buttons; typing in a text box (the better-answer box, the sign-in name) is left alone.
+KEYBOARD_JS = """
+() => {
+  if (window.__rlhfLoopKeys) return;
+  window.__rlhfLoopKeys = true;
+  const buttons = %s;
+  document.addEventListener('keydown', (event) => {
+    if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) return;
+    const target = event.target;
+    const tag = target && target.tagName ? target.tagName.toLowerCase() : '';
+    if (tag === 'input' || tag === 'textarea' || tag === 'select' || (target && target.isContentEditable)) return;
+    const id = buttons[event.key];
+    if (!id) return;
+    const button = document.getElementById(id);
+    if (!button || button.offsetParent === null || button.disabled) return;
+    event.preventDefault();
+    button.click();
+  });
+}
+""" % ({key: f"vote-{choice}" for choice, _label, key in VOTE_BUTTONS},)
+
+CSS = """
+.untrusted { white-space: normal; overflow-wrap: anywhere; }
+.untrusted pre { white-space: pre-wrap; }
+#answer-left, #answer-right, #prompt { border: 1px solid var(--border-color-primary); border-radius: 8px;
+  padding: 0.75em; min-height: 4em; }
+"""
+
+
+@dataclass(frozen=True)
+class AnnotateView:
+    """What the annotate tab shows after a handler ran."""
+
+    signed_in: bool
+    pair_id: int | None
+    prompt_html: str = ""
+    left_html: str = ""
+    right_html: str = ""
+    progress: str = ""
+    """Markdown: who is signed in, their votes, pairs left."""
+    status: str = ""
+    """Markdown: what just happened, or why there is no pair."""
+    recorded: bool = False
+    """A vote was recorded by this call (the page then clears the better-answer box)."""
+
+    @property
+    def waiting(self) -> bool:
+        """Signed in without a pair: the page keeps looking for one."""
+        return self.signed_in and self.pair_id is None
+
+
+class AnnotateHandlers:
+    """Sign-in, the one vote handler, and looking for work while the queue is empty."""
+
+    def __init__(self, store: Store, config: AppConfig, job: GenerationJob, runner: RoundRunner):
+        self.store, self.config, self.job, self.runner = store, config, job, runner
+        self._first_admin_lock = threading.Lock()
+
+    def user(self, session: Session | None, request: gr.Request | None = None) -> str | None:
+        return signed_in_name(session, request, self.config)
+
+    def sign_in(self, raw_name: str, session: Session,
+                request: gr.Request | None = None) -> tuple[Session, AnnotateView, str]:
+        """Sign in (the name comes from the login when an auth file is used); returns (session, view, message)."""
+        if self.config.require_auth:
+            name, problem = self.user(session, request), "Sign in through the login page first."
+        else:
+            name, problem = clean_name(raw_name)
+        if name is None:
+            return session, AnnotateView(signed_in=False, pair_id=None), problem
+        session = replace(session, name=name, showing=None, notes=[])
+        with self._first_admin_lock:
+            if not self.config.admins and not any(a.role == "admin" for a in self.store.annotators()):
+                self.store.set_role(name, "admin")
+                session.notes.append("You are the first person to sign in, so you are the **admin** (start the app "
+                                     "with `--admin NAME` to choose admins instead).")
+            else:
+                self.store.add_annotator(name)
+        session = self._show_next(session, name)
+        return session, self.view(session, name, "Signed in."), ""
+
+    def vote(self, choice: str, shown_pair_id: int | float | None, better_answer: str | None,
+             session: Session, request: gr.Request | None = None) -> tuple[Session, AnnotateView]:
+        """The one vote handler for all five buttons and keys: record the choice, show the next pair at once.
+
+        `shown_pair_id` is the pair the page displayed; a second submit of it (a double click, a retried request)
+        finds the session already moved on and records nothing more (the store ignores a repeat as well).
+        """
+        name = self.user(session, request)
+        if name is None:
+            return session, AnnotateView(signed_in=False, pair_id=None, status="Sign in first.")
+        if choice not in SCREEN_CHOICES:
+            return session, self.view(session, name, f"Unknown choice {escape(str(choice))}: use one of "
+                                                     f"{', '.join(SCREEN_CHOICES)}.")
+        showing = session.showing
+        if showing is None or shown_pair_id is None or int(shown_pair_id) != showing.pair_id:
+            return session, self.view(session, name, "That vote was already recorded.")
+        seconds = round(time.monotonic() - session.shown_at, 3)
+        self.store.record_vote(showing.pair_id, name, showing.stored_choice(choice), showing.a_on_left, seconds)
+        notes = []
+        if better_answer and better_answer.strip():
+            self.store.add_demonstration(showing.prompt_id, name, better_answer)
+            notes.append("Your better answer was saved.")
+        if self.runner.maybe_auto_start():
+            notes.append("A training round started automatically.")
+        session = self._show_next(session, name)
+        view = self.view(session, name, " ".join([f"Recorded: {CHOICE_LABELS[choice]}.", *notes]))
+        return session, replace(view, recorded=True)
+
+    def look_for_pair(self, session: Session, request: gr.Request | None = None) -> tuple[Session, AnnotateView]:
+        """While waiting (empty queue, first batch generating): show a pair as soon as one exists."""
+        name = self.user(session, request)
+        if name is None:
+            return session, AnnotateView(signed_in=False, pair_id=None)
+        if session.name != name:  # with an auth file the session learns the name from the login
+            session = replace(session, name=name)
+        if session.showing is None:
+            session = self._show_next(session, name)
+        return session, self.view(session, name, "")
+
+    def _show_next(self, session: Session, name: str) -> Session:
+        showing = self.store.next_pair(name, overlap=self.config.overlap)
+        return replace(session, showing=showing, shown_at=time.monotonic())
+
+    def view(self, session: Session, name: str, status: str) -> AnnotateView:
+        showing = session.showing
+        left = self.store.pairs_waiting(annotator=name, overlap=self.config.overlap)
+        role = self.store.role_of(name) or "annotator"
+        progress = (f"Signed in as **{escape(name)}** ({role}) · your votes: {self.store.votes_by(name)} · "
+                    f"pairs left: {left}")
+        notes = " ".join(session.notes)
+        session.notes.clear()
+        if showing is None:
+            waiting = ["**No pairs are waiting for you right now.**"]
+            job_status = self.job.status_text()
+            if self.job.running():
+                waiting.append(f"{job_status} New pairs appear here as soon as they are ready.")
+            else:
+                waiting.append("An admin can generate more in the Admin tab; this page picks them up by itself.")
+            status = " ".join(part for part in [notes, status, *waiting] if part)
+            return AnnotateView(signed_in=True, pair_id=None, progress=progress, status=status)
+        return AnnotateView(
+            signed_in=True, pair_id=showing.pair_id, prompt_html=render_untrusted(showing.prompt),
+            left_html=render_untrusted(showing.left), right_html=render_untrusted(showing.right),
+            progress=progress, status=" ".join(part for part in [notes, status] if part),
+        )
+
+
+def read_guidelines(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return f"(No guidelines yet: write them in `{path}`.)"
+
+
+def build_app(store: Store, generator: PairGenerator, config: AppConfig | None = None,
+              runner: RoundRunner | None = None) -> gr.Blocks:
+    """The whole app. `generator` writes pairs to the store (a fake in tests); `runner` starts training rounds
+    (None: training is not available in this build)."""
+    config = config or AppConfig()
+    runner = runner or RoundRunner(store, command=None)
+    for admin in config.admins:
+        store.set_role(admin, "admin")
+    job = GenerationJob(generator)
+    if config.first_batch_pairs > 0 and store.count_pairs() == 0 and store.count_prompts() > 0:
+        job.start(config.first_batch_pairs, versus_share=0.0, started_by="first start")
+    annotate = AnnotateHandlers(store, config, job, runner)
+    admin = AdminHandlers(store, config, job, runner)
+    dashboard = DashboardHandlers(store, config)
+
+    with gr.Blocks(title="rlhf-loop", analytics_enabled=False) as demo:
+        session = gr.State(Session())
+        gr.HTML(f"<style>{CSS}</style>", container=False, js_on_load=None)
+        with gr.Tabs():
+            with gr.Tab("Annotate", id="annotate") as annotate_tab_block:
+                annotate_tab = _build_annotate_tab(annotate, config, session)
+            with gr.Tab("Dashboard", id="dashboard") as dashboard_tab_block:
+                dashboard_timer, dashboard_outputs = build_dashboard_tab(dashboard, config)
+            with gr.Tab("Admin", id="admin") as admin_tab_block:
+                admin_timer, admin_outputs = build_admin_tab(admin, session, config)
+
+        # Dashboard and admin pages refresh on a timer only while they are open, so twenty annotators on the
+        # Annotate tab cost no polling.
+        def open_dashboard():
+            return gr.Timer(active=True), gr.Timer(active=False), *dashboard.refresh()
+
+        def open_admin(state: Session, request: gr.Request):
+            return gr.Timer(active=False), gr.Timer(active=True), *admin.overview(state, request)
+
+        private = {"api_visibility": "private", "concurrency_limit": None}
+        annotate_tab_block.select(lambda: (gr.Timer(active=False), gr.Timer(active=False)), None,
+                                  [dashboard_timer, admin_timer], **private)
+        dashboard_tab_block.select(open_dashboard, None, [dashboard_timer, admin_timer, *dashboard_outputs],
+                                   **private)
+        admin_tab_block.select(open_admin, [session], [dashboard_timer, admin_timer, *admin_outputs], **private)
+        demo.load(None, js=KEYBOARD_JS)
+        if config.require_auth:  # the login already named this person: sign them in on load
+            demo.load(annotate_tab.sign_in, annotate_tab.sign_in_inputs, annotate_tab.sign_in_outputs,
+                      api_visibility="private")
+    return demo
+
+
+@dataclass
+class _AnnotateComponents:
+    sign_in: Callable
+    sign_in_inputs: list
+    sign_in_outputs: list
+
+
+def _render(view: AnnotateView, after_vote: bool = False) -> tuple:
+    """AnnotateView -> values for the pair outputs (see _build_annotate_tab).
+
+    After a vote the pair panel is already visible and the waiting timer off: unless the queue just ran dry, those
+    two are skipped rather than sent again, which keeps the busiest event of the app cheap.
+    """
+    has_pair = view.pair_id is not None
+    unchanged = after_vote and has_pair
+    return (
+        gr.skip() if unchanged else gr.update(visible=has_pair),
+        view.pair_id if has_pair else -1,
+        view.prompt_html, view.left_html, view.right_html,
+        view.progress, view.status,
+        gr.skip() if unchanged else gr.Timer(active=view.waiting),
+    )
+
+
+def _render_layout(view: AnnotateView, after_vote: bool = False) -> tuple:
+    """Sign-in form or the work area. A vote only changes them when the server no longer knows the session (the
+    app restarted): then the sign-in form comes back."""
+    if after_vote and view.signed_in:
+        return gr.skip(), gr.skip()
+    return gr.update(visible=not view.signed_in), gr.update(visible=view.signed_in)
+
+
+def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: gr.State) -> _AnnotateComponents:
+    with gr.Column(visible=True) as sign_in_column:
+        if config.require_auth:
+            gr.Markdown("Signing you in with your login…")
+        else:
+            gr.Markdown("### Sign in\nType your name: your votes are recorded under it.")
+        name_box = gr.Textbox(label="Your name", elem_id="sign-in-name", max_length=64,
+                              visible=not config.require_auth)
+        sign_in_button = gr.Button("Start annotating", variant="primary", elem_id="sign-in-button",
+                                   visible=not config.require_auth)
+        sign_in_message = gr.Markdown(elem_id="sign-in-message")
+    with gr.Column(visible=False) as work_column:
+        progress = gr.Markdown(elem_id="progress")
+        status = gr.Markdown(elem_id="status")
+        with gr.Column(visible=False) as pair_column:
+            gr.Markdown("**Prompt**")
+            prompt_html = gr.HTML(elem_id="prompt", js_on_load=None)
+            with gr.Row(equal_height=False):
+                with gr.Column():
+                    gr.Markdown("**Answer A**")
+                    left_html = gr.HTML(elem_id="answer-left", js_on_load=None)
+                with gr.Column():
+                    gr.Markdown("**Answer B**")
+                    right_html = gr.HTML(elem_id="answer-right", js_on_load=None)
+            with gr.Row():
+                buttons = {
+                    choice: gr.Button(f"{label}  [{key}]", elem_id=f"vote-{choice}",
+                                      variant="primary" if choice in ("left", "right") else "secondary")
+                    for choice, label, key in VOTE_BUTTONS
+                }
+            better_answer = gr.Textbox(label="Optional: write a better answer (saved with your vote as an example "
+                                             "for training)", lines=3, elem_id="better-answer")
+        with gr.Accordion("Guidelines", open=False):
+            gr.Markdown(read_guidelines(config.guidelines_path))
+    # The pair on screen: sent back with the vote so a double submit cannot count against the next pair.
+    shown_pair_id = gr.Number(value=-1, precision=0, visible=False, elem_id="shown-pair-id")
+    # The vote API for scripts (bench/annotate_load.py): the same handler, the choice as a parameter.
+    api_choice = gr.Textbox(visible=False)
+    api_vote = gr.Button(visible=False)
+    waiting_timer = gr.Timer(config.waiting_poll_s, active=False)
+
+    layout_outputs = [sign_in_column, work_column]
+    pair_outputs = [pair_column, shown_pair_id, prompt_html, left_html, right_html, progress, status, waiting_timer]
+
+    # Event functions are closures, not functools.partial: Gradio finds the gr.Request parameter by its type hint,
+    # which a partial hides.
+    def sign_in(raw_name: str, state: Session, request: gr.Request):
+        state, view, message = handlers.sign_in(raw_name, state, request)
+        return state, message, *_render_layout(view), *_render(view)
+
+    def vote(choice: str, pair_id, better: str, state: Session, request: gr.Request):
+        state, view = handlers.vote(choice, pair_id, better, state, request)
+        # The better-answer box is cleared once the vote (and the answer with it) went through.
+        return state, "" if view.recorded else better, *_render_layout(view, after_vote=True), \
+            *_render(view, after_vote=True)
+
+    def vote_for(choice: str):
+        def vote_button(pair_id, better: str, state: Session, request: gr.Request):
+            return vote(choice, pair_id, better, state, request)
+
+        return vote_button
+
+    def look_for_pair(state: Session, request: gr.Request):
+        state, view = handlers.look_for_pair(state, request)
+        return state, *_render_layout(view), *_render(view)
+
+    fast = {"concurrency_limit": None, "show_progress": "hidden"}
+    sign_in_outputs = [session, sign_in_message, *layout_outputs, *pair_outputs]
+    sign_in_button.click(sign_in, [name_box, session], sign_in_outputs, api_name="sign_in", **fast)
+    name_box.submit(sign_in, [name_box, session], sign_in_outputs, api_visibility="private", **fast)
+    vote_outputs = [session, better_answer, *layout_outputs, *pair_outputs]
+    for choice, button in buttons.items():
+        button.click(vote_for(choice), [shown_pair_id, better_answer, session], vote_outputs,
+                     api_visibility="private", **fast)
+    api_vote.click(vote, [api_choice, shown_pair_id, better_answer, session], vote_outputs, api_name="vote", **fast)
+    waiting_timer.tick(look_for_pair, [session], [session, *layout_outputs, *pair_outputs], api_visibility="private",
+                       **fast)
+    return _AnnotateComponents(sign_in=sign_in, sign_in_inputs=[name_box, session], sign_in_outputs=sign_in_outputs)

@@ -1,0 +1,99 @@
+"""What every tab of the app shares: its configuration, the per-browser session, who is signed in, safe rendering.
+
+Identity is always decided on the server: with an auth file it is the name Gradio's login verified
+(`request.username`); without one it is the name this browser session signed in with, kept in server-side state.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from markdown_it import MarkdownIt
+
+from annotate.records import Showing
+
+MAX_NAME_CHARS = 64
+
+
+@dataclass
+class AppConfig:
+    """How the annotation app behaves; `annotate.serve` fills it from the command line."""
+
+    guidelines_path: Path = Path("data/guidelines.md")
+    """Markdown shown in the collapsible guidelines panel (shipped, editable)."""
+    admins: tuple[str, ...] = ()
+    """Names made admin at start; when empty, the first person ever to sign in becomes admin."""
+    require_auth: bool = False
+    """True when Gradio's login (an auth file) verified who people are: names then come from the login."""
+    overlap: int = 1
+    """How many people vote on each pair (more than 1 measures agreement)."""
+    first_batch_pairs: int = 0
+    """When the store has no pairs at start, generate this many in the background (0: do not)."""
+    versus_share: float = 0.2
+    """Default share of `versus` pairs (current policy against an earlier one) when an admin generates pairs."""
+    waiting_poll_s: float = 2.0
+    """While someone has no pair (queue empty, first batch generating), look for one this often."""
+    refresh_s: float = 5.0
+    """Dashboard and admin pages refresh this often while they are open."""
+
+
+@dataclass
+class Session:
+    """One browser tab's state, kept on the server (gr.State): never trusted from the client."""
+
+    name: str | None = None
+    """Who signed in here (without an auth file)."""
+    showing: Showing | None = None
+    """The pair on screen, with the side gen_a was drawn to."""
+    shown_at: float = 0.0
+    """time.monotonic() when it was shown: the vote records the seconds spent."""
+    notes: list[str] = field(default_factory=list)
+    """One-off messages for the next render (e.g. "you are the admin")."""
+
+
+def signed_in_name(session: Session | None, request, config: AppConfig) -> str | None:
+    """The name of whoever sends this request, or None when nobody signed in."""
+    if config.require_auth:
+        username = getattr(request, "username", None) if request is not None else None
+        return username or None
+    return session.name if session is not None else None
+
+
+def clean_name(raw: str | None) -> tuple[str | None, str]:
+    """(name, "") for an acceptable name, else (None, why not)."""
+    name = " ".join((raw or "").split())
+    if not name:
+        return None, "Type your name to sign in."
+    if len(name) > MAX_NAME_CHARS:
+        return None, f"Please use a shorter name (at most {MAX_NAME_CHARS} characters)."
+    if re.search(r"[\x00-\x1f\x7f]", name):
+        return None, "Names cannot hold control characters."
+    return name, ""
+
+
+@functools.cache
+def _untrusted_markdown() -> MarkdownIt:
+    # html=False: raw HTML in the text is escaped and shown as text (markdown-it's documented safe mode; its link
+    # validator also drops javascript:, vbscript: and file: URLs). Images are off, so text cannot make the
+    # browser fetch anything. Built once: rendering keeps no state in the instance, so threads can share it.
+    return MarkdownIt("commonmark", {"html": False, "breaks": True}).disable("image")
+
+
+def render_untrusted(text: str) -> str:
+    """Model output or a prompt as safe HTML: markdown renders, raw HTML and scripts appear as text."""
+    if not text or not text.strip():
+        return '<div class="untrusted"><em>(empty)</em></div>'
+    return f'<div class="untrusted">{_untrusted_markdown().render(text)}</div>'
+
+
+# Inline markdown that could change how a name reads (emphasis, code, links: no "[" means no link or image) and
+# HTML. Names sit inside a sentence, never at the start of a line, so list and heading markers cannot apply.
+MARKDOWN_SPECIALS = set("\\`*_[]<>&|~\"'")
+
+
+def escape(text: str) -> str:
+    """For names and other short untrusted strings placed inside our own HTML or markdown: shown as typed."""
+    return "".join(f"&#{ord(c)};" if c in MARKDOWN_SPECIALS else c for c in text)

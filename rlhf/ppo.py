@@ -1,0 +1,402 @@
+"""PPO with four models (DeepSpeed-Chat step 3): actor and critic trained, reference and reward model frozen.
+
+One `PPOTrainer.step` = 1 generate, 2 log-probs, 3 values and scores, 4 rewards, 5 advantages, 6 updates.
+All maths comes from `rlhf.losses`; this file only moves tensors between models and those functions.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+
+from rlhf.losses import (
+    AdaptiveKLController,
+    FixedKLController,
+    RunningMoments,
+    actor_loss,
+    compute_rewards,
+    critic_loss,
+    gae_advantages_and_returns,
+    masked_mean,
+    masked_whiten,
+    truncation_penalty,
+)
+from rlhf.models import format_prompt
+from rlhf.ppo_experience import (
+    Experience,
+    ValueHeadCall,
+    generate_responses,
+    response_log_probs,
+    response_values,
+    sampling_config,
+)
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class PPOConfig:
+    """Every PPO knob; defaults are DeepSpeed-Chat's unless noted."""
+
+    kl_ctl: float = 0.1
+    """KL coefficient (initial value when adaptive): per-token reward -kl_ctl * (log pi - log pi_ref)."""
+    clip_reward_value: float = 5.0
+    """Reward-model scores are clipped to +-this before being added at the last response token."""
+    cliprange: float = 0.2
+    """PPO ratio clip epsilon of the actor loss."""
+    cliprange_value: float = 0.2
+    """How far new values may move from the old ones in the clipped critic loss."""
+    gamma: float = 1.0
+    """Discount of future rewards in GAE."""
+    lam: float = 0.95
+    """GAE lambda: bias/variance trade-off of the advantage estimate."""
+    ppo_epochs: int = 1
+    """Passes of actor and critic updates over each batch of experience."""
+    batch_size: int = 8
+    """Prompts per experience batch (per process)."""
+    mini_batch_size: int = 8
+    """Sequences per optimiser step within a batch of experience."""
+    max_new_tokens: int = 48
+    """Longest response sampled."""
+    min_new_tokens: int = 0
+    """EOS is suppressed before this many tokens; = max_new_tokens always generates the full length (benches)."""
+    temperature: float = 0.7
+    """Sampling temperature (log-probs are taken from the raw logits, as DeepSpeed-Chat does)."""
+    top_k: int = 0
+    """Sample among the k most likely tokens only; 0 = off."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold; 1.0 = off."""
+    max_prompt_length: int = 256
+    """Prompts are cut to their last this many tokens (the end holds the chat template's generation prompt)."""
+    actor_lr: float = 9.65e-6
+    """Actor learning rate (full fine-tuning)."""
+    critic_lr: float = 5e-6
+    """Critic learning rate (full fine-tuning)."""
+    lora_lr: float = 5e-4
+    """Learning rate of the adapters (and the critic's value head) in LoRA mode."""
+    weight_decay: float = 0.0
+    """AdamW weight decay of actor and critic."""
+    max_grad_norm: float = 1.0
+    """Gradient norm clip per model and optimiser step; 0 = off."""
+    adaptive_kl: bool = False
+    """Adapt kl_ctl toward kl_target (Ziegler et al. 2019) instead of keeping it fixed."""
+    kl_target: float = 6.0
+    """Target KL per sequence (summed over its tokens) of the adaptive controller."""
+    kl_horizon: float = 10000.0
+    """Horizon (in sequences) of the adaptive controller: larger moves kl_ctl more slowly."""
+    whiten_advantages: bool = False
+    """Whiten advantages over the batch's response tokens (TRL does; DeepSpeed-Chat does not)."""
+    normalize_rewards: bool = False
+    """Normalise scores by the running mean and std of all scores seen, before clipping."""
+    truncation_penalty: float = 0.0
+    """Subtracted from the score of answers that hit max_new_tokens without EOS; 0 = off."""
+    use_lora: bool = False
+    """Train LoRA adapters on actor and critic; the reference is the actor with adapters disabled."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator (scale = alpha / r)."""
+    steps: int = 0
+    """PPO steps to run; 0 = `epochs` passes over the prompts."""
+    epochs: int = 1
+    """Passes over the prompts when steps is 0."""
+    seed: int = 42
+    """Seed of sampling, prompt order and LoRA initialisation."""
+    reuse_forward: bool = True
+    """With one epoch over one mini-batch, take old log-probs/values from the update's own forward pass."""
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.mini_batch_size < 1 or self.ppo_epochs < 1:
+            raise ValueError("batch_size, mini_batch_size and ppo_epochs must be at least 1")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError("min_new_tokens cannot exceed max_new_tokens")
+
+    @property
+    def fused_first_update(self) -> bool:
+        """Whether the experience pass of actor and critic is also the (only) update's forward pass."""
+        return self.reuse_forward and self.ppo_epochs == 1 and self.mini_batch_size >= self.batch_size
+
+
+def make_accelerator() -> Accelerator:
+    """bf16 autocast where CUDA supports it, full fp32 otherwise (CPU bf16 training loses too much precision)."""
+    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return Accelerator(mixed_precision="bf16" if bf16 else "no")
+
+
+class PPOTrainer:
+    """Runs PPO steps on batches of prompts.
+
+    actor: causal LM, trained (a peft model in LoRA mode). critic: value model (`rlhf.reward.RewardModel`
+    or anything whose `forward_value(input_ids, attention_mask)` has .values (B, L), .scores (B,)), trained.
+    reference: frozen causal LM; None means the actor with its adapters disabled (LoRA mode only).
+    reward_model: frozen value model; None means the critic with its adapters disabled (LoRA mode, when
+    the critic was initialised from the reward model, as DeepSpeed-Chat initialises it).
+    """
+
+    def __init__(self, actor, critic, tokenizer, config: PPOConfig, reward_model=None, reference=None,
+                 accelerator: Accelerator | None = None):
+        self.config = config
+        self.accelerator = accelerator or make_accelerator()
+        set_seed(config.seed, device_specific=True)
+        if reference is None and not hasattr(actor, "disable_adapter"):
+            raise ValueError("PPOTrainer needs a reference model, or a LoRA (peft) actor to serve as its own")
+        if reward_model is None and not hasattr(critic, "disable_adapter"):
+            raise ValueError("PPOTrainer needs a reward model, or a LoRA (peft) critic initialised from it")
+        self.tokenizer = tokenizer
+        tokenizer.padding_side = "left"
+        tokenizer.truncation_side = "left"
+        self.generation_config = sampling_config(tokenizer, config.max_new_tokens, config.min_new_tokens,
+                                                 config.temperature, config.top_k, config.top_p)
+        lora = config.use_lora
+        actor_optimizer = self._optimizer(actor, config.lora_lr if lora else config.actor_lr)
+        critic_optimizer = self._optimizer(critic, config.lora_lr if lora else config.critic_lr)
+        # Dropout would make the first update's ratio differ from 1 and break reuse of the first forward.
+        actor.eval()
+        critic.eval()
+        self.actor, self.critic, self.actor_optimizer, self.critic_optimizer = self.accelerator.prepare(
+            actor, ValueHeadCall(critic), actor_optimizer, critic_optimizer)
+        device = self.accelerator.device
+        self.reference = None if reference is None else reference.to(device).eval().requires_grad_(False)
+        self.reward_model = None if reward_model is None else reward_model.to(device).eval().requires_grad_(False)
+        self.kl_controller = (AdaptiveKLController(config.kl_ctl, config.kl_target, config.kl_horizon)
+                              if config.adaptive_kl else FixedKLController(config.kl_ctl))
+        self.reward_moments = RunningMoments()
+
+    def _optimizer(self, model, lr: float) -> torch.optim.Optimizer:
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError(f"{type(model).__name__} has no trainable parameters")
+        # fused: one kernel per tensor instead of six elementwise passes (CPU and CUDA both have it)
+        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=self.config.weight_decay,
+                                 fused=True)
+
+    # ----- the models, unwrapped for passes without gradients -----
+
+    def unwrapped_actor(self):
+        return self.accelerator.unwrap_model(self.actor)
+
+    def unwrapped_critic(self):
+        return self.accelerator.unwrap_model(self.critic).value_model
+
+    def encode_prompts(self, prompts: list[str]) -> dict[str, Tensor]:
+        """Chat-formatted, left-padded, left-truncated prompt batch on the device."""
+        texts = [format_prompt(self.tokenizer, prompt) for prompt in prompts]
+        templated = bool(getattr(self.tokenizer, "chat_template", None))
+        batch = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
+                               max_length=self.config.max_prompt_length, add_special_tokens=not templated)
+        return {key: batch[key].to(self.accelerator.device) for key in ("input_ids", "attention_mask")}
+
+    def reference_log_probs(self, sequences: Tensor, attention_mask: Tensor, width: int) -> Tensor:
+        """(B, T) reference log-probs; call under inference_mode."""
+        if self.reference is not None:
+            return response_log_probs(self.reference, sequences, attention_mask, width)[0]
+        with self.unwrapped_actor().disable_adapter():
+            return response_log_probs(self.unwrapped_actor(), sequences, attention_mask, width)[0]
+
+    def reward_scores(self, sequences: Tensor, attention_mask: Tensor) -> Tensor:
+        """(B,) reward-model scores of whole sequences; call under inference_mode."""
+        if self.reward_model is not None:
+            return self.reward_model.forward_value(sequences, attention_mask).scores
+        critic = self.unwrapped_critic()
+        with critic.disable_adapter():
+            return critic.forward_value(sequences, attention_mask).scores
+
+    # ----- phases 4 and 5 -----
+
+    def make_experience(self, sequences, attention_mask, action_mask, ended, log_probs, ref_log_probs,
+                        values, reward_score) -> Experience:
+        """Rewards (4) and advantages (5) from the models' outputs; all inputs detached, (B, T) or (B,)."""
+        config = self.config
+        score = reward_score.float()  # (B,)
+        if config.normalize_rewards:
+            self.reward_moments.update(self.accelerator.gather(score))
+            score = self.reward_moments.normalize(score)  # (B,)
+        if config.truncation_penalty:
+            score = truncation_penalty(score, ended, config.truncation_penalty)  # (B,)
+        rewards, kl = compute_rewards(log_probs, ref_log_probs, score, action_mask,
+                                      self.kl_controller.value, config.clip_reward_value)  # (B, T) each
+        advantages, returns = gae_advantages_and_returns(values, rewards, action_mask,
+                                                         config.gamma, config.lam)  # (B, T) each
+        if config.whiten_advantages:
+            advantages = masked_whiten(advantages, action_mask)  # (B, T)
+        return Experience(
+            sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
+            log_probs=log_probs, ref_log_probs=ref_log_probs, values=values, rewards=rewards,
+            advantages=advantages, returns=returns, reward_score=reward_score,
+            response_length=action_mask.sum(dim=-1), ended=ended, kl=kl,
+        )
+
+    # ----- phase 6 -----
+
+    def trainable_forward(self, sequences: Tensor, attention_mask: Tensor, width: int):
+        """(log_probs, values, entropy), each (B, T), from actor and critic with gradients."""
+        log_probs, entropy = response_log_probs(self.actor, sequences, attention_mask, width, with_entropy=True)
+        values = response_values(self.critic(sequences, attention_mask), width)  # (B, T)
+        return log_probs, values, entropy
+
+    def frozen_forward(self, sequences: Tensor, attention_mask: Tensor, width: int):
+        """(log_probs, values), each (B, T), from actor and critic as they are; call under inference_mode."""
+        log_probs = response_log_probs(self.unwrapped_actor(), sequences, attention_mask, width)[0]
+        values = response_values(self.accelerator.unwrap_model(self.critic)(sequences, attention_mask), width)
+        return log_probs, values
+
+    def optimise(self, experience: Experience, log_probs: Tensor, values: Tensor, entropy: Tensor) -> dict:
+        """One actor step and one critic step on a mini-batch; returns its detached statistics."""
+        mask = experience.action_mask
+        policy_loss, clipfrac, approx_kl = actor_loss(log_probs, experience.log_probs, experience.advantages,
+                                                      mask, self.config.cliprange)
+        self._step(self.actor, self.actor_optimizer, policy_loss)
+        value_loss, vf_clipfrac = critic_loss(values, experience.values, experience.returns, mask,
+                                              self.config.cliprange_value)
+        self._step(self.critic, self.critic_optimizer, value_loss)
+        return {"ppo/policy_loss": policy_loss.detach(), "ppo/value_loss": value_loss.detach(),
+                "ppo/clipfrac": clipfrac, "ppo/vf_clipfrac": vf_clipfrac, "ppo/approx_kl": approx_kl,
+                "ppo/entropy": masked_mean(entropy, mask)}
+
+    def _step(self, model, optimizer, loss: Tensor) -> None:
+        self.accelerator.backward(loss)
+        if self.config.max_grad_norm:
+            self.accelerator.clip_grad_norm_(model.parameters(), self.config.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def minibatches(self, batch_size: int) -> list[Tensor]:
+        order = torch.randperm(batch_size, device=self.accelerator.device)
+        return list(order.split(self.config.mini_batch_size))
+
+    # ----- the step -----
+
+    def generate(self, prompts: list[str]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Phase 1: (sequences, attention_mask, action_mask, ended) sampled by the actor for `prompts`."""
+        batch = self.encode_prompts(prompts)
+        with torch.inference_mode(), self.accelerator.autocast():
+            generated = generate_responses(self.unwrapped_actor(), batch["input_ids"], batch["attention_mask"],
+                                           self.generation_config, self.tokenizer.eos_token_id)
+        return tuple(t.clone() for t in generated)  # clones are ordinary tensors, usable in autograd
+
+    def evaluate(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor, ended: Tensor,
+                 keep_graph: bool = False) -> tuple[Experience, tuple | None]:
+        """Phases 2-5 on a generated batch: the Experience, and (log_probs, values, entropy) with
+        gradients when `keep_graph` (so the first update can reuse this forward pass)."""
+        width = action_mask.shape[1]
+        with self.accelerator.autocast():
+            # 2 log-probs (actor, reference) and 3 values (critic) and scores (reward model)
+            if keep_graph:
+                trainable = self.trainable_forward(sequences, attention_mask, width)
+            else:
+                with torch.inference_mode():
+                    trainable = self.frozen_forward(sequences, attention_mask, width)
+            with torch.inference_mode():
+                ref_log_probs = self.reference_log_probs(sequences, attention_mask, width)  # (B, T)
+                reward_score = self.reward_scores(sequences, attention_mask)  # (B,)
+        log_probs, values = (t.detach().clone().float() for t in trainable[:2])  # (B, T) each
+        # 4 rewards and 5 advantages
+        experience = self.make_experience(sequences, attention_mask, action_mask, ended, log_probs,
+                                          ref_log_probs.clone().float(), values, reward_score.clone().float())
+        return experience, trainable if keep_graph else None
+
+    def update(self, experience: Experience, trainable: tuple | None = None) -> list[dict]:
+        """Phase 6: ppo_epochs passes over shuffled mini-batches, or one step on `trainable` when given."""
+        if trainable is not None:
+            return [self.optimise(experience, *trainable)]
+        stats = []
+        width = experience.action_mask.shape[1]
+        for _epoch in range(self.config.ppo_epochs):
+            for index in self.minibatches(experience.sequences.shape[0]):
+                mini = experience.select(index)
+                with self.accelerator.autocast():
+                    trainable = self.trainable_forward(mini.sequences, mini.attention_mask, width)
+                    stats.append(self.optimise(mini, *trainable))
+        return stats
+
+    def step(self, prompts: list[str]) -> dict[str, float]:
+        """One PPO step on a batch of prompts; returns the step's metrics (averaged over processes)."""
+        start = time.perf_counter()
+        sequences, attention_mask, action_mask, ended = self.generate(prompts)  # 1
+        generated_at = time.perf_counter()
+        # With one epoch over one mini-batch the update's own forward gives the old log-probs and values:
+        # the same numbers, one actor and one critic pass fewer.
+        experience, trainable = self.evaluate(sequences, attention_mask, action_mask, ended,
+                                              keep_graph=self.config.fused_first_update)  # 2-5
+        scored_at = time.perf_counter()
+        stats = self.update(experience, trainable)  # 6
+        updated_at = time.perf_counter()
+
+        kl_ctl_used = self.kl_controller.value
+        metrics = {name: torch.stack([s[name] for s in stats]).float().mean() for name in stats[0]}
+        metrics.update({
+            "ppo/reward": experience.rewards.sum(dim=-1).mean(),
+            "ppo/score": experience.reward_score.mean(),
+            "ppo/kl": experience.kl.sum(dim=-1).mean(),
+            "ppo/response_len": experience.response_length.float().mean(),
+            "ppo/ended": experience.ended.float().mean(),
+            "ppo/advantages": masked_mean(experience.advantages, action_mask),
+            "ppo/returns": masked_mean(experience.returns, action_mask),
+            "ppo/values": masked_mean(experience.values, action_mask),
+            "gen/tokens_per_s": action_mask.sum() / max(generated_at - start, 1e-9),
+        })
+        names = list(metrics)
+        stacked = torch.stack([metrics[n].float().to(self.accelerator.device) for n in names])
+        reduced = self.accelerator.reduce(stacked, reduction="mean")
+        result = {name: float(value) for name, value in zip(names, reduced.tolist())}
+        self.kl_controller.update(result["ppo/kl"], len(prompts) * self.accelerator.num_processes)
+        result.update({"ppo/kl_ctl": kl_ctl_used, "time/generate": generated_at - start,
+                       "time/score": scored_at - generated_at, "time/update": updated_at - scored_at})
+        return result
+
+    # ----- runs and saving -----
+
+    def train(self, prompts: list[str], on_step: Callable[[dict], None] | None = None) -> list[dict]:
+        """Steps over the prompts (this process's share), as many as config.steps or config.epochs say."""
+        config, accelerator = self.config, self.accelerator
+        shard = prompts[accelerator.process_index::accelerator.num_processes]
+        if not shard:
+            raise ValueError("no prompts to train PPO on")
+        global_batch = config.batch_size * accelerator.num_processes
+        total = config.steps or config.epochs * math.ceil(len(prompts) / global_batch)
+        generator = torch.Generator().manual_seed(config.seed + accelerator.process_index)
+        order: list[int] = []
+        history = []
+        progress = tqdm(total=total, desc="PPO", unit="step", disable=not accelerator.is_local_main_process)
+        for step_index in range(total):
+            while len(order) < config.batch_size:  # cycle through reshuffled passes over the shard
+                order += torch.randperm(len(shard), generator=generator).tolist()
+            batch, order = [shard[i] for i in order[:config.batch_size]], order[config.batch_size:]
+            metrics = {"ppo/step": step_index + 1, **self.step(batch)}
+            history.append(metrics)
+            if on_step is not None:
+                on_step(metrics)
+            progress.update(1)
+            progress.set_postfix(score=f"{metrics['ppo/score']:.3f}", kl=f"{metrics['ppo/kl']:.3f}")
+        progress.close()
+        return history
+
+    def save_actor(self, out_dir: str | Path) -> Path:
+        """Save the actor as a plain model folder (adapters merged into a copy) with the tokenizer."""
+        out_dir = Path(out_dir)
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            actor = self.unwrapped_actor()
+            if hasattr(actor, "merge_and_unload"):
+                actor = _merged_copy(actor)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            actor.save_pretrained(out_dir, safe_serialization=True)
+            self.tokenizer.save_pretrained(out_dir)
+        self.accelerator.wait_for_everyone()
+        return out_dir
+
+
+def _merged_copy(peft_model):
+    """The base model with the adapters folded into its weights, leaving the training model untouched."""
+    import copy
+
+    return copy.deepcopy(peft_model).merge_and_unload()

@@ -1,0 +1,166 @@
+"""The pieces of a PPO experience batch: generation, masks and the per-model forward passes.
+
+Layout (DeepSpeed-Chat step 3): `sequences` is the left-padded prompt batch (width P) followed by the
+response (width T, right-padded after the first EOS). Everything per token lives in the response-only
+layout (B, T): position t is the t-th generated token, its log-prob comes from the logits at P + t - 1
+and its value is the critic's value at P + t - 1 (the state before the token was chosen).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from transformers import GenerationConfig
+
+from rlhf.losses import entropy_from_logits, gather_log_probs
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Experience:
+    """One batch of PPO experience (OpenRLHF style); B prompts, P prompt width, T response width."""
+
+    sequences: Tensor
+    """(B, P+T) token ids: left-padded prompt, then the response, padded after its first EOS."""
+    attention_mask: Tensor
+    """(B, P+T) 1 on real prompt and response tokens (first EOS included), 0 on padding on either side."""
+    action_mask: Tensor
+    """(B, T) 1 on the response tokens the actor chose, up to and including the first EOS."""
+    log_probs: Tensor
+    """(B, T) actor log-probs of the response tokens when the experience was made (the "old" policy)."""
+    ref_log_probs: Tensor
+    """(B, T) reference log-probs of the same tokens."""
+    values: Tensor
+    """(B, T) critic values of the state before each response token (the "old" values)."""
+    rewards: Tensor
+    """(B, T) per-token rewards: -kl_ctl * (log_probs - ref_log_probs), clipped score added at the last token."""
+    advantages: Tensor
+    """(B, T) GAE advantages (whitened when the config says so); 0 on masked positions."""
+    returns: Tensor
+    """(B, T) advantages + values before whitening: the critic's regression targets."""
+    reward_score: Tensor
+    """(B,) reward-model score of each whole sequence, as produced (before normalisation, penalty, clip)."""
+    response_length: Tensor
+    """(B,) number of response tokens, the first EOS included."""
+    ended: Tensor
+    """(B,) True where the response ended with EOS, False where it hit the length limit."""
+    kl: Tensor
+    """(B, T) log_probs - ref_log_probs on response tokens, 0 elsewhere (the per-token KL estimate)."""
+
+    @property
+    def prompt_width(self) -> int:
+        """P: the padded width of the prompt part of `sequences`."""
+        return self.sequences.shape[1] - self.action_mask.shape[1]
+
+    def select(self, index: Tensor) -> "Experience":
+        """The rows `index` of every field (a mini-batch); prompt and response widths are kept."""
+        return Experience(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions counted over real tokens only, as `generate` does, so left padding does not shift RoPE.
+
+    Padding positions get 1 (any value works: they are masked). (B, L) -> (B, L)
+    """
+    position_ids = attention_mask.long().cumsum(-1) - 1  # (B, L)
+    return position_ids.masked_fill(attention_mask == 0, 1)  # (B, L)
+
+
+def response_masks(response: Tensor, eos_token_id: int) -> tuple[Tensor, Tensor]:
+    """(action_mask (B, T), ended (B,)): tokens up to and including the first EOS; later tokens masked.
+
+    A response without EOS keeps all T tokens and counts as not ended (it hit the length limit).
+    """
+    is_eos = response == eos_token_id  # (B, T)
+    ended = is_eos.any(dim=-1)  # (B,)
+    width = response.shape[1]
+    last = torch.where(ended, is_eos.long().argmax(dim=-1), width - 1)  # (B,) first EOS, else last position
+    positions = torch.arange(width, device=response.device)  # (T,)
+    action_mask = (positions.unsqueeze(0) <= last.unsqueeze(1)).long()  # (B, T)
+    return action_mask, ended
+
+
+def sampling_config(
+    tokenizer,
+    max_new_tokens: int,
+    min_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> GenerationConfig:
+    """An explicit generation config, so a model's shipped defaults (repetition penalty...) never change the policy."""
+    return GenerationConfig(
+        do_sample=True,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        use_cache=True,
+    )
+
+
+def generate_responses(
+    actor, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig, eos_token_id: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Sample one response per prompt; returns (sequences, attention_mask, action_mask, ended).
+
+    `actor` is the unwrapped model; call under torch.inference_mode. The response is padded to the
+    longest one in the batch (generation stops when every row has produced EOS or at the limit).
+    """
+    sequences = actor.generate(
+        input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config
+    )  # (B, P+T)
+    response = sequences[:, prompt_ids.shape[1]:]  # (B, T)
+    action_mask, ended = response_masks(response, eos_token_id)  # (B, T), (B,)
+    attention_mask = torch.cat([prompt_mask.long(), action_mask], dim=1)  # (B, P+T)
+    return sequences, attention_mask, action_mask, ended
+
+
+def response_log_probs(
+    model, sequences: Tensor, attention_mask: Tensor, response_width: int, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (B, T) of the response tokens under `model`, and their entropy (B, T) when asked.
+
+    Only the last T + 1 positions go through the LM head (`logits_to_keep`): the prompt's logits are
+    never needed and the vocabulary projection is the largest matmul of a small model.
+    """
+    logits = model(
+        input_ids=sequences,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        logits_to_keep=response_width + 1,
+        use_cache=False,
+    ).logits[:, :-1]  # (B, T, V): the logits at P+t-1 predict response token t
+    log_probs = gather_log_probs(logits, sequences[:, -response_width:])  # (B, T)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach())  # (B, T)
+    return log_probs, entropy
+
+
+def response_values(values: Tensor, response_width: int) -> Tensor:
+    """Per-position values (B, P+T) -> the values of the states before each response token (B, T)."""
+    return values[:, -response_width - 1:-1]  # (B, T)
+
+
+class ValueHeadCall(torch.nn.Module):
+    """Calls a value model's `forward_value` (-> .values (B, L), .scores (B,)) as `forward`, returning the values.
+
+    Accelerate's wrappers (DDP, autocast) hook `forward`; a peft-wrapped critic forwards `forward_value`
+    to its base model but its own `forward` expects a transformers model, so the critic is called
+    through this module.
+    """
+
+    def __init__(self, value_model: torch.nn.Module):
+        super().__init__()
+        self.value_model = value_model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.value_model.forward_value(input_ids, attention_mask).values  # (B, L)

@@ -1,0 +1,162 @@
+"""A whole PPO run from model folders (`train_ppo`), LoRA set-up, and `python app.py --train-ppo`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from accelerate import Accelerator
+from peft import LoraConfig, get_peft_model
+from torch import nn
+
+from rlhf.models import ModelNotFoundError, default_dtype, load_causal_lm, load_tokenizer
+from rlhf.ppo import PPOConfig, PPOTrainer, make_accelerator
+from rlhf.reward import RewardModel, is_reward_model_dir
+
+HEAD_NAMES = {"lm_head", "v_head", "score"}
+"""Output layers: trained in full or kept frozen, never given adapters."""
+
+
+@dataclass
+class PPOResult:
+    """What a PPO run hands back to the round."""
+
+    history: list[dict]
+    """Metrics of every step, in order (`ppo/*`, `time/*`, `gen/*`)."""
+    saved_path: Path
+    """Folder of the new actor: a plain model (adapters merged) with its tokenizer."""
+    config: dict = field(default_factory=dict)
+    """The PPOConfig used, sampling settings included, to record with the round."""
+
+
+def lora_target_modules(model: nn.Module) -> list[str]:
+    """Names of the decoder's linear layers (q/k/v/o and MLP projections for Llama), heads excluded."""
+    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    return sorted(names - HEAD_NAMES)
+
+
+def add_lora(model: nn.Module, config: PPOConfig, causal_lm: bool):
+    """Wrap `model` with fresh LoRA adapters (peft); a critic's value head stays fully trainable.
+
+    The value head goes to `modules_to_save`: peft trains a copy and keeps the original, so the critic
+    with its adapters disabled is exactly the reward model it was initialised from.
+    """
+    lora_config = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=lora_target_modules(model),
+        modules_to_save=None if causal_lm else ["v_head"],
+        task_type="CAUSAL_LM" if causal_lm else None,
+    )
+    torch.manual_seed(config.seed)  # the adapters' random A matrices
+    return get_peft_model(model, lora_config)
+
+
+def build_ppo_trainer(
+    actor_path: str | Path,
+    reward_model_path: str | Path,
+    config: PPOConfig,
+    reference_path: str | Path | None = None,
+    critic_path: str | Path | None = None,
+    accelerator: Accelerator | None = None,
+) -> PPOTrainer:
+    """The four models from folders: actor (and by default reference) from `actor_path`, frozen reward
+    model and critic (by default) from `reward_model_path`, as DeepSpeed-Chat initialises the critic.
+
+    LoRA mode holds shared weights once: the reference is the actor with adapters disabled when it is the
+    same model, and the reward model is the critic with adapters disabled when the critic starts from it.
+    """
+    accelerator = accelerator or make_accelerator()
+    frozen_dtype = default_dtype(accelerator.device)
+    same_reference = reference_path is None or str(reference_path) == str(actor_path)
+    same_critic = critic_path is None or str(critic_path) == str(reward_model_path)
+    tokenizer = load_tokenizer(actor_path)
+    actor = load_causal_lm(actor_path)  # trained: fp32 weights, bf16 autocast on CUDA
+    critic = RewardModel.from_pretrained(critic_path or reward_model_path)
+    reference = reward_model = None
+    if config.use_lora:
+        actor, critic = add_lora(actor, config, causal_lm=True), add_lora(critic, config, causal_lm=False)
+    if not (config.use_lora and same_reference):
+        reference = load_causal_lm(reference_path or actor_path, dtype=frozen_dtype)
+    if not (config.use_lora and same_critic):
+        reward_model = RewardModel.from_pretrained(reward_model_path, dtype=frozen_dtype)
+    return PPOTrainer(actor, critic, tokenizer, config, reward_model=reward_model, reference=reference,
+                      accelerator=accelerator)
+
+
+def train_ppo(
+    actor_path: str | Path,
+    reward_model_path: str | Path,
+    prompts: list[str],
+    config: PPOConfig,
+    out_dir: str | Path,
+    reference_path: str | Path | None = None,
+    critic_path: str | Path | None = None,
+    on_step: Callable[[dict], None] | None = None,
+    accelerator: Accelerator | None = None,
+) -> PPOResult:
+    """A PPO run over `prompts` (see `build_ppo_trainer` for the models); saves the new actor to `out_dir`."""
+    trainer = build_ppo_trainer(actor_path, reward_model_path, config, reference_path, critic_path, accelerator)
+    history = trainer.train(prompts, on_step=on_step)
+    saved = trainer.save_actor(out_dir)
+    return PPOResult(history=history, saved_path=saved, config=asdict(config))
+
+
+# ----- python app.py --train-ppo -----
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _prompts_for_command(args) -> list[str]:
+    """Prompts from --prompts FILE, else from the store; raises ValueError with the fix in its message."""
+    from annotate.importers import PromptImportError, read_prompts
+    from annotate.store import Store
+
+    if args.prompts:
+        try:
+            return read_prompts(args.prompts)
+        except PromptImportError as error:
+            raise ValueError(str(error)) from None
+    if not Path(args.db).is_file():
+        raise ValueError(f"no database at {args.db}: import prompts with --import-prompts FILE, "
+                         "or pass them with --prompts FILE")
+    with Store(args.db) as store:
+        prompts = [prompt.text for prompt in store.prompts()]
+    if not prompts:
+        raise ValueError(f"{args.db} holds no prompts: import some with --import-prompts FILE, "
+                         "or pass them with --prompts FILE")
+    return prompts
+
+
+def command_train_ppo(args) -> int:
+    """`--train-ppo --reward-model DIR [--prompts FILE] [--steps N] [--out DIR] [--lora]`: PPO alone."""
+    if not args.reward_model:
+        return _fail("--train-ppo needs --reward-model DIR, a folder saved by --train-reward")
+    if not is_reward_model_dir(args.reward_model):
+        return _fail(f"{args.reward_model} is not a reward model folder (no reward_model.json there); "
+                     "train one with --train-reward")
+    if args.steps is not None and args.steps < 1:
+        return _fail("--steps must be at least 1")
+    try:
+        prompts = _prompts_for_command(args)
+    except ValueError as error:
+        return _fail(str(error))
+    config = PPOConfig(steps=args.steps or 0, use_lora=args.lora, seed=args.seed)
+    out_dir = Path(args.out or f"data/checkpoints/ppo-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        result = train_ppo(args.model, args.reward_model, prompts, config, out_dir,
+                           reference_path=args.reference)
+    except ModelNotFoundError as error:
+        return _fail(str(error))
+    last = result.history[-1]
+    print(f"PPO: {len(result.history)} steps on {len(prompts)} prompts; last step score "
+          f"{last['ppo/score']:.3f}, KL {last['ppo/kl']:.3f}. Actor saved to {result.saved_path}.")
+    return 0

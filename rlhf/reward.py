@@ -1,0 +1,233 @@
+"""The reward model: a causal LM's decoder plus a linear value head (DeepSpeed-Chat step 2).
+
+`forward_value` gives a value per position (B, L) and the sequence score (B,), the value at each
+sequence's last real token. The per-position values are what a PPO critic needs, so the critic is
+initialised from a trained reward model with the same class (as DeepSpeed-Chat does).
+
+A saved reward model is a folder holding the backbone (`save_pretrained`, safetensors, loadable on its
+own with `AutoModel`), the head in `v_head.safetensors`, the tokenizer, and `reward_model.json`, which
+marks the folder as a reward model and records where it came from.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModel, PreTrainedModel
+
+from rlhf.losses import last_token_scores
+from rlhf.models import ModelNotFoundError, load_causal_lm, load_tokenizer
+
+MARKER_FILE = "reward_model.json"
+HEAD_FILE = "v_head.safetensors"
+FORMAT_NAME = "rlhf-loop reward model"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class RewardOutput:
+    """What `RewardModel.forward_value` returns."""
+
+    values: torch.Tensor
+    """(B, L) value of every position (a critic's V(s_t)); padding positions hold meaningless numbers."""
+    scores: torch.Tensor
+    """(B,) the value at each sequence's last real token: the reward of prompt + answer."""
+
+
+def is_reward_model_dir(path: str | os.PathLike) -> bool:
+    """True when `path` is a folder written by `RewardModel.save_pretrained`."""
+    return (Path(path) / MARKER_FILE).is_file()
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """0, 1, 2, ... counted over real tokens only, so a left-padded row gets the positions it has unpadded.  (B, L)"""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
+
+
+class RewardModel(nn.Module):
+    """Backbone (a decoder returning hidden states, as `AutoModel` loads it) plus `v_head: D -> 1`, no bias."""
+
+    def __init__(self, backbone: PreTrainedModel, v_head: nn.Linear | None = None, info: dict | None = None):
+        super().__init__()
+        self.backbone = backbone
+        hidden_size = backbone.config.hidden_size
+        self.v_head = v_head if v_head is not None else nn.Linear(hidden_size, 1, bias=False)
+        if self.v_head.in_features != hidden_size or self.v_head.out_features != 1:
+            raise ValueError(f"v_head must map {hidden_size} -> 1, got {self.v_head.in_features} -> "
+                             f"{self.v_head.out_features}")
+        self.v_head.to(device=self._backbone_device(), dtype=self._backbone_dtype())
+        self.info: dict[str, Any] = dict(info or {})  # provenance for reward_model.json: base model, settings, metrics
+
+    # ---- construction -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_causal_lm(cls, name_or_path: str | os.PathLike, dtype: torch.dtype | None = None) -> "RewardModel":
+        """A new reward model on the decoder of a causal LM (the base model or an SFT policy); the head is random.
+
+        The LM head is dropped: only the decoder's hidden states are used, as `AutoModel` would load them.
+        """
+        causal_lm = load_causal_lm(name_or_path, dtype=dtype)
+        backbone = causal_lm.base_model
+        if backbone is causal_lm:
+            raise ValueError(f"{name_or_path}: cannot find the decoder inside {type(causal_lm).__name__}")
+        return cls(backbone, info={"base_model": str(name_or_path)})
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, dtype: torch.dtype | None = None) -> "RewardModel":
+        """Load a folder written by `save_pretrained`; scores come back identical."""
+        path = Path(path)
+        if not is_reward_model_dir(path):
+            raise ModelNotFoundError(
+                f"{path} is not a reward model folder (no {MARKER_FILE} there). Pass a folder saved by "
+                "`python app.py --train-reward`, or start from a causal LM instead."
+            )
+        info = json.loads((path / MARKER_FILE).read_text(encoding="utf-8"))
+        if info.get("format") != FORMAT_NAME or int(info.get("version", 0)) > FORMAT_VERSION:
+            raise ModelNotFoundError(f"{path / MARKER_FILE} is not a reward model marker this version can read.")
+        backbone = AutoModel.from_pretrained(path, dtype=dtype or torch.float32)
+        head_weight = load_file(str(path / HEAD_FILE))["weight"]  # (1, D)
+        v_head = nn.Linear(head_weight.shape[1], 1, bias=False)
+        with torch.no_grad():
+            v_head.weight.copy_(head_weight)
+        return cls(backbone, v_head, info=info.get("info", {}))
+
+    def save_pretrained(self, path: str | os.PathLike, tokenizer=None) -> Path:
+        """Write backbone, head, tokenizer and marker to `path`, atomically: a crash leaves no half folder."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+        try:
+            self.backbone.save_pretrained(staging, safe_serialization=True)
+            head = self.v_head.weight.detach().to("cpu", torch.float32).contiguous()  # (1, D)
+            save_file({"weight": head}, str(staging / HEAD_FILE))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(staging)
+            marker = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "head_file": HEAD_FILE,
+                      "hidden_size": int(head.shape[1]), "backbone_class": type(self.backbone).__name__,
+                      "info": self.info}
+            (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2, default=str), encoding="utf-8")
+            old = None
+            if path.exists():  # move the previous model aside first: at every moment one whole model is there
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}-old-", dir=path.parent))
+                os.replace(path, old / path.name)
+            os.replace(staging, path)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return path
+
+    # ---- use -----------------------------------------------------------------------------------------
+
+    def forward_value(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> RewardOutput:
+        """Values at every position and the score at each row's last real token; left or right padding."""
+        hidden = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        ).last_hidden_state  # (B, L, D)
+        values = self.v_head(hidden).squeeze(-1)  # (B, L)
+        return RewardOutput(values=values, scores=last_token_scores(values, attention_mask))  # (B, L), (B,)
+
+    def forward_shared_prompt(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        answer_ids: torch.Tensor,
+        answer_mask: torch.Tensor,
+    ) -> RewardOutput:
+        """Values and scores of answers that continue shared prompts, each prompt run through the backbone once.
+
+        prompt_ids/prompt_mask (N, P) are LEFT-padded; answer_ids/answer_mask (kN, A) are RIGHT-padded, and
+        answer row r continues prompt row r % N (for pairs, k = 2: chosen rows [0, N), rejected rows [N, 2N)).
+        The result covers the answer positions only: values (kN, A), scores (kN,), the same numbers as
+        `forward_value` on the concatenated rows (the prompt's keys and values are reused from a cache,
+        and gradients flow back through them).
+        """
+        n_prompts, prompt_len = prompt_ids.shape
+        if answer_ids.shape[0] % n_prompts:
+            raise ValueError(f"{answer_ids.shape[0]} answer rows do not split evenly over {n_prompts} prompts")
+        prompt_out = self.backbone(
+            input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids_from_mask(prompt_mask),
+            use_cache=True,
+        )
+        cache = prompt_out["cache"] if "cache" in prompt_out else prompt_out["past_key_values"]
+        rows = torch.arange(answer_ids.shape[0], device=answer_ids.device) % n_prompts  # (kN,) prompt of each answer
+        cache.batch_select_indices(rows)
+        full_mask = torch.cat([prompt_mask[rows], answer_mask], dim=1)  # (kN, P + A)
+        hidden = self.backbone(
+            input_ids=answer_ids, attention_mask=full_mask,
+            position_ids=position_ids_from_mask(full_mask)[:, prompt_len:],
+            use_cache=True, **{self._cache_argument(): cache},
+        ).last_hidden_state  # (kN, A, D)
+        values = self.v_head(hidden).squeeze(-1)  # (kN, A)
+        return RewardOutput(values=values, scores=last_token_scores(values, answer_mask))  # (kN, A), (kN,)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_ids: torch.Tensor | None = None,
+        prompt_mask: torch.Tensor | None = None,
+    ) -> RewardOutput:
+        """`forward_value(input_ids, ...)`, or with prompts `forward_shared_prompt(prompt_ids, ..., input_ids, ...)`.
+
+        Training calls the module rather than the methods because accelerate's wrappers (DDP, autocast) sit
+        on `forward`.
+        """
+        if prompt_ids is None:
+            return self.forward_value(input_ids, attention_mask)
+        return self.forward_shared_prompt(prompt_ids, prompt_mask, input_ids, attention_mask)
+
+    def _cache_argument(self) -> str:
+        """transformers 5 names the cache argument `cache`; 4.x called it `past_key_values`."""
+        parameters = inspect.signature(self.backbone.forward).parameters
+        return "cache" if "cache" in parameters else "past_key_values"
+
+    def freeze_backbone(self) -> None:
+        """Train the value head only (a linear probe on the decoder's features)."""
+        self.backbone.requires_grad_(False)
+
+    def gradient_checkpointing_enable(self) -> None:
+        """Trade compute for memory in the backbone during training."""
+        self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def _backbone_device(self) -> torch.device:
+        return next(self.backbone.parameters()).device
+
+    def _backbone_dtype(self) -> torch.dtype:
+        return next(self.backbone.parameters()).dtype
+
+
+def load_reward_model(
+    warm_start: str | os.PathLike | None, model: str | os.PathLike, dtype: torch.dtype | None = None
+) -> RewardModel:
+    """The reward model a training run starts from: `warm_start` (a reward model folder) when given, else `model`.
+
+    `model` may itself be a reward model folder (then it is loaded whole) or any causal LM (base or SFT).
+    """
+    if warm_start:
+        return RewardModel.from_pretrained(warm_start, dtype=dtype)
+    if is_reward_model_dir(model):
+        return RewardModel.from_pretrained(model, dtype=dtype)
+    return RewardModel.from_causal_lm(model, dtype=dtype)
+
+
+def load_reward_tokenizer(warm_start: str | os.PathLike | None, model: str | os.PathLike):
+    """The tokenizer that goes with `load_reward_model`'s choice (saved alongside a reward model)."""
+    source = warm_start or model
+    if is_reward_model_dir(source) and not (Path(source) / "tokenizer_config.json").is_file():
+        raise ModelNotFoundError(f"{source} holds no tokenizer; save reward models with their tokenizer.")
+    return load_tokenizer(source)

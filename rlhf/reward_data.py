@@ -1,0 +1,245 @@
+"""Preference pairs for the reward model: reading files, the held-out split, tokenising and batching.
+
+A pair is anything with `prompt`, `chosen` and `rejected` text attributes (the store's `Preference`, or
+`PreferencePair` read from a file in TRL's column format). Batches hold the chosen sequences of B pairs
+followed by their rejected sequences (2B rows, one forward pass), RIGHT-padded so that the two sequences
+of a pair line up position by position, as the divergence form of the pairwise loss needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import torch
+
+from rlhf.models import format_prompt
+
+REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
+
+
+class PreferenceDataError(ValueError):
+    """Preference data that cannot be trained on; the message says what is wrong and how to fix it."""
+
+
+class PairLike(Protocol):
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """One human (or simulated) judgement: for `prompt`, `chosen` was preferred to `rejected`."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    """The token ids of a pair, already truncated: the shared prompt and each answer (ending in EOS)."""
+
+    prompt_ids: list[int]
+    chosen_answer_ids: list[int]
+    rejected_answer_ids: list[int]
+
+    @property
+    def chosen_ids(self) -> list[int]:
+        """prompt + chosen answer: the sequence the reward model scores."""
+        return self.prompt_ids + self.chosen_answer_ids
+
+    @property
+    def rejected_ids(self) -> list[int]:
+        """prompt + rejected answer."""
+        return self.prompt_ids + self.rejected_answer_ids
+
+
+def pairs_from_rows(rows: Sequence[dict], source: str) -> list[PreferencePair]:
+    """Rows with string columns prompt, chosen, rejected -> pairs; a missing column or a non-string is an error."""
+    pairs = []
+    for index, row in enumerate(rows):
+        missing = [column for column in REQUIRED_COLUMNS if column not in row]
+        if missing:
+            raise PreferenceDataError(
+                f"{source}: row {index + 1} has no column {', '.join(repr(c) for c in missing)}; preference data "
+                f"needs the columns prompt, chosen, rejected (TRL's format). Columns found: {sorted(row)}"
+            )
+        bad = [column for column in REQUIRED_COLUMNS if not isinstance(row[column], str)]
+        if bad:
+            raise PreferenceDataError(
+                f"{source}: row {index + 1}: column {bad[0]!r} must be text, got {type(row[bad[0]]).__name__}. "
+                "Conversational (list of messages) columns are not supported; flatten them to text."
+            )
+        pairs.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"]))
+    return pairs
+
+
+def load_preference_file(path: str | os.PathLike) -> list[PreferencePair]:
+    """Read pairs from a JSONL file, a Parquet/CSV/JSON file, or a local Hugging Face dataset folder."""
+    path = Path(path)
+    if not path.exists():
+        raise PreferenceDataError(f"{path} does not exist; pass a JSONL file or a dataset folder with --data.")
+    if path.is_file() and path.suffix in (".jsonl", ".json"):
+        return pairs_from_rows(_read_json_lines(path), str(path))
+    import datasets  # slow to import; only when a dataset is really read
+
+    try:
+        if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
+            dataset = datasets.load_from_disk(str(path))
+        elif path.is_dir():
+            dataset = datasets.load_dataset(str(path))
+        else:
+            file_type = {".parquet": "parquet", ".csv": "csv"}.get(path.suffix)
+            if file_type is None:
+                raise PreferenceDataError(
+                    f"{path}: unknown file type {path.suffix!r}; use .jsonl, .json, .parquet, .csv or a dataset folder."
+                )
+            dataset = datasets.load_dataset(file_type, data_files=str(path))
+    except PreferenceDataError:
+        raise
+    except Exception as error:  # datasets raises many types for unreadable folders
+        raise PreferenceDataError(f"{path}: could not read it as a dataset ({error}).") from error
+    if isinstance(dataset, datasets.DatasetDict):
+        split = "train" if "train" in dataset else next(iter(dataset))
+        dataset = dataset[split]
+    missing = [column for column in REQUIRED_COLUMNS if column not in dataset.column_names]
+    if missing:
+        raise PreferenceDataError(
+            f"{path}: no column {', '.join(repr(c) for c in missing)}; preference data needs the columns prompt, "
+            f"chosen, rejected (TRL's format). Columns found: {dataset.column_names}"
+        )
+    return pairs_from_rows(dataset.select_columns(list(REQUIRED_COLUMNS)).to_list(), str(path))
+
+
+def _read_json_lines(path: Path) -> list[dict]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        rows = json.loads(text)
+    else:
+        rows = []
+        for line_number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise PreferenceDataError(f"{path}:{line_number}: not valid JSON ({error.msg}).") from error
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise PreferenceDataError(f"{path}: row {index + 1} is not a JSON object with prompt, chosen, rejected.")
+    return rows
+
+
+def split_pairs(
+    pairs: Sequence[PairLike], heldout_fraction: float, seed: int
+) -> tuple[list[PairLike], list[PairLike]]:
+    """(train, heldout): a seeded shuffle by pair, round(n * heldout_fraction) pairs held out.
+
+    The same pairs, fraction and seed always give the same split. A fraction of 0 holds nothing out;
+    any other fraction that leaves either side empty is an error saying how many pairs are needed.
+    """
+    if not 0.0 <= heldout_fraction < 1.0:
+        raise PreferenceDataError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}.")
+    order = list(range(len(pairs)))
+    random.Random(seed).shuffle(order)
+    n_heldout = round(len(pairs) * heldout_fraction)
+    if heldout_fraction > 0 and n_heldout == 0:
+        needed = int(0.5 / heldout_fraction) + 1
+        raise PreferenceDataError(
+            f"The held-out split is empty: {len(pairs)} pairs x heldout fraction {heldout_fraction} rounds to 0 pairs. "
+            f"Collect at least {needed} pairs, or raise the held-out fraction."
+        )
+    if n_heldout >= len(pairs):
+        raise PreferenceDataError(f"The training split is empty: {len(pairs)} pairs, all held out.")
+    heldout = [pairs[i] for i in order[:n_heldout]]
+    train = [pairs[i] for i in order[n_heldout:]]
+    return train, heldout
+
+
+def truncate_pair(
+    prompt_ids: list[int], chosen_ids: list[int], rejected_ids: list[int], max_length: int
+) -> TokenizedPair:
+    """prompt + answer for both answers, each at most max_length tokens, both cut the same way.
+
+    Answers keep their end (the EOS, where the score is read): the prompt is cut from the left first,
+    by the same amount for both answers so that they still line up position by position. Only when an
+    answer alone leaves less than half of max_length for the prompt is that answer cut from its start too.
+    """
+    longest_answer = max(len(chosen_ids), len(rejected_ids))
+    prompt_room = max(max_length - longest_answer, min(len(prompt_ids), max_length // 2))
+    kept_prompt = prompt_ids[max(0, len(prompt_ids) - prompt_room):]
+    answer_room = max_length - len(kept_prompt)
+    return TokenizedPair(
+        prompt_ids=kept_prompt,
+        chosen_answer_ids=chosen_ids[max(0, len(chosen_ids) - answer_room):],
+        rejected_answer_ids=rejected_ids[max(0, len(rejected_ids) - answer_room):],
+    )
+
+
+def tokenize_pairs(tokenizer, pairs: Sequence[PairLike], max_length: int) -> list[TokenizedPair]:
+    """Each pair as token ids: format_prompt(prompt) then answer then EOS, truncated by `truncate_pair`.
+
+    Prompt and answer are tokenised separately, as generation produces them (the prompt's ids, then the
+    sampled answer's), so the reward model sees during training what PPO will hand it.
+    """
+    if max_length < 4:
+        raise PreferenceDataError(f"max_length must be at least 4 tokens, got {max_length}.")
+    if not pairs:
+        return []
+    eos = tokenizer.eos_token_id
+    # a chat template writes its own special tokens; plain prompts get what the tokenizer adds by default
+    add_special = not getattr(tokenizer, "chat_template", None)
+    prompts = [format_prompt(tokenizer, pair.prompt) for pair in pairs]
+    prompt_ids = tokenizer(prompts, add_special_tokens=add_special)["input_ids"]
+    chosen_ids = tokenizer([pair.chosen for pair in pairs], add_special_tokens=False)["input_ids"]
+    rejected_ids = tokenizer([pair.rejected for pair in pairs], add_special_tokens=False)["input_ids"]
+
+    def with_eos(ids: list[int]) -> list[int]:
+        return ids if ids and ids[-1] == eos else ids + [eos]
+
+    return [
+        truncate_pair(p, with_eos(c), with_eos(r), max_length)
+        for p, c, r in zip(prompt_ids, chosen_ids, rejected_ids)
+    ]
+
+
+class PairCollator:
+    """collate_fn over `TokenizedPair`s: B pairs -> a dict of tensors for `RewardModel.forward(**batch)`.
+
+    Always "input_ids" and "attention_mask", (2B, L), RIGHT-padded: rows [0, B) chosen, rows [B, 2B)
+    rejected. Without `share_prompt` the rows are whole sequences (prompt + answer). With it they are the
+    answers only, and "prompt_ids"/"prompt_mask" (B, P), LEFT-padded, hold each pair's prompt once, so the
+    backbone reads every prompt once instead of twice; the loss sees the same answer positions either way.
+    """
+
+    def __init__(self, pad_token_id: int, share_prompt: bool = False):
+        self.pad_token_id = pad_token_id
+        self.share_prompt = share_prompt
+
+    def __call__(self, pairs: Sequence[TokenizedPair]) -> dict[str, torch.Tensor]:
+        if not self.share_prompt:
+            rows = [pair.chosen_ids for pair in pairs] + [pair.rejected_ids for pair in pairs]
+            input_ids, attention_mask = self.pad(rows, side="right")  # (2B, L), (2B, L)
+            return {"input_ids": input_ids, "attention_mask": attention_mask}
+        answers = [pair.chosen_answer_ids for pair in pairs] + [pair.rejected_answer_ids for pair in pairs]
+        answer_ids, answer_mask = self.pad(answers, side="right")  # (2B, A), (2B, A)
+        prompt_ids, prompt_mask = self.pad([pair.prompt_ids for pair in pairs], side="left")  # (B, P), (B, P)
+        return {"input_ids": answer_ids, "attention_mask": answer_mask, "prompt_ids": prompt_ids,
+                "prompt_mask": prompt_mask}
+
+    def pad(self, rows: Sequence[list[int]], side: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of token ids -> (ids, mask), both (len(rows), longest row), padded on `side`."""
+        length = max(len(row) for row in rows)
+        ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)  # (N, L)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)  # (N, L)
+        for index, row in enumerate(rows):
+            span = slice(0, len(row)) if side == "right" else slice(length - len(row), length)
+            ids[index, span] = torch.tensor(row, dtype=torch.long)
+            mask[index, span] = 1
+        return ids, mask

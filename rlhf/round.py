@@ -1,0 +1,331 @@
+"""One round of the loop: votes -> reward model -> PPO -> new policy -> next pairs.
+
+The one place that reads votes from the store and hands data to the trainers. Under `accelerate launch`
+every process trains; only the main process takes the lock, reads and writes the database and
+generates the next pairs; the plan it makes is broadcast to the others.
+
+Crash safety: each finished stage records what it produced in the round's metrics (`round/reward_model_path`,
+`round/policy_id`) as soon as it exists, and checkpoints are written to a staging folder then renamed. A
+crashed round is marked `failed` by the next start, which picks up what the crashed one finished.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from annotate.store import Store
+from rlhf.config import LoopConfig
+
+Log = Callable[[str], None]
+
+
+class RoundRefused(RuntimeError):
+    """The round cannot (or should not) run; the message says why and what to do. Exit code 3."""
+
+
+class RoundBusy(RoundRefused):
+    """Another round holds the lock."""
+
+
+class RoundLock:
+    """An exclusive lock file beside the database: one round at a time across processes, freed when a process dies."""
+
+    def __init__(self, db_path: str | Path):
+        self.path = Path(f"{db_path}.round.lock")
+        self._file = None
+
+    def acquire(self) -> "RoundLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise RoundBusy(f"Another round is running on this database (lock {self.path}); "
+                            "wait for it to finish: two rounds never run at once.") from None
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._file = handle
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "RoundLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+@dataclass
+class RoundPlan:
+    """What the main process decided; broadcast to every process so all train the same thing."""
+
+    round_id: int
+    """Row of this round in the rounds table."""
+    policy_round: int
+    """Round number the new policy is recorded under (last policy's + 1)."""
+    preferences: list[tuple[str, str, str]]
+    """(prompt, chosen, rejected) of every pair with a majority among a/b votes, all rounds."""
+    new_pairs: int
+    """Preference pairs that arrived since the last finished round."""
+    reference_path: str
+    """The first policy (base or SFT): PPO's frozen reference, and the reward model's init on round one."""
+    actor_path: str
+    """The latest policy: PPO starts from it."""
+    actor_policy_id: int
+    """Its row in the policies table (parent of the new policy)."""
+    reward_warm_start: str | None
+    """The last finished round's reward model, continued from; None trains from the reference."""
+    ppo_prompts: list[str]
+    """Prompts PPO trains on this round."""
+    out_dir: str
+    """Folder of this round's checkpoints."""
+    reuse_reward_path: str | None = None
+    """A reward model a crashed round finished on the same votes: not trained again."""
+    reuse_policy_id: int | None = None
+    """A policy a crashed round saved: the round only generates its pairs."""
+
+
+@dataclass
+class RoundResult:
+    """What a finished round produced."""
+
+    round_id: int
+    policy_id: int
+    metrics: dict = field(default_factory=dict)
+
+
+def _crashed_work(store: Store, n_preferences: int) -> tuple[str | None, int | None]:
+    """What the most recent failed round finished before it died (reward model on the same votes, a policy)."""
+    last_done = store.last_done_round()
+    for round_ in reversed(store.rounds()):
+        if last_done is not None and round_.id <= last_done.id:
+            break
+        if round_.status != "failed":
+            continue
+        metrics = round_.metrics
+        policy_id = metrics.get("round/policy_id")
+        if policy_id is not None and not metrics.get("round/pairs_generated"):
+            return metrics.get("round/reward_model_path"), int(policy_id)
+        reward_path = metrics.get("round/reward_model_path")
+        if reward_path and metrics.get("round/pairs_used") == n_preferences and Path(reward_path).is_dir():
+            return reward_path, None
+    return None, None
+
+
+def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompts: set[str] | None = None,
+               log: Log = print) -> RoundPlan:
+    """Steps 1-2 on the main process: stale rounds, preference set, refusal on too few new pairs, a round row."""
+    stale = store.mark_stale_rounds_failed()
+    if stale:
+        log(f"Marked crashed round(s) {', '.join(map(str, stale))} as failed; resuming from what they finished.")
+    from annotate.pairs import ensure_base_policy
+
+    ensure_base_policy(store, base_model)
+    preferences = [(p.prompt, p.chosen, p.rejected) for p in store.preferences()]
+    last_done = store.last_done_round()
+    used_before = int(last_done.metrics.get("round/pairs_used", 0)) if last_done else 0
+    new_pairs = len(preferences) - used_before
+    reuse_reward, reuse_policy = _crashed_work(store, len(preferences))
+    if reuse_policy is None and new_pairs < config.round.min_new_pairs:
+        raise RoundRefused(
+            f"Only {new_pairs} new preference pairs since the last round (minimum {config.round.min_new_pairs}; "
+            f"{len(preferences)} in all). Collect more votes (ties, 'both bad' and skips do not count), "
+            "or lower round.min_new_pairs with --set round.min_new_pairs=N."
+        )
+    latest, first = store.latest_policy(), store.first_policy()
+    rng = random.Random(config.round.seed + len(store.rounds()))
+    prompts = [p.text for p in store.prompts() if not exclude_prompts or p.text not in exclude_prompts]
+    if not prompts:
+        raise RoundRefused("No prompts in the database: import some with --import-prompts FILE.")
+    ppo_prompts = rng.sample(prompts, min(config.round.ppo_prompts, len(prompts)))
+    round_id = store.start_round(pid=os.getpid())
+    policy_round = max(p.round for p in store.policies()) + 1
+    out_dir = Path(config.round.checkpoints_dir) / f"round-{round_id}"
+    plan = RoundPlan(
+        round_id=round_id, policy_round=policy_round, preferences=preferences, new_pairs=new_pairs,
+        reference_path=first.path, actor_path=latest.path, actor_policy_id=latest.id,
+        reward_warm_start=last_done.metrics.get("round/reward_model_path") if last_done else None,
+        ppo_prompts=ppo_prompts, out_dir=str(out_dir), reuse_reward_path=reuse_reward, reuse_policy_id=reuse_policy,
+    )
+    store.update_round_metrics(round_id, {
+        "round/pairs_used": len(preferences), "round/new_pairs": new_pairs, "round/stage": "planned",
+        "round/actor_policy_id": latest.id, "round/reference": first.path,
+    })
+    return plan
+
+
+def _publish(staging: Path, target: Path) -> Path:
+    """Rename a finished checkpoint into place, so a crash never leaves a half-written folder under its name."""
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(staging, target)
+    return target
+
+
+def _summarise_ppo(history: list[dict]) -> dict:
+    """Means over the PPO steps of the round, under the same names (ppo/*, time/*)."""
+    if not history:
+        return {}
+    keys = [key for key in history[0] if key.startswith(("ppo/", "time/")) and key != "ppo/step"]
+    return {key: sum(step[key] for step in history) / len(history) for key in keys}
+
+
+def _broadcast(value):
+    """The main process's `value` on every process (a no-op in a single process)."""
+    from accelerate.state import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    if PartialState().num_processes == 1:
+        return value
+    box = [value]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
+
+
+def run_round(db_path: str | Path, base_model: str, config: LoopConfig, log: Log = print,
+              exclude_prompts: set[str] | None = None,
+              pair_maker: Callable | None = None) -> RoundResult:
+    """Run one round end to end (steps 1-6 of DESIGN.md "The round"); raises RoundRefused with the reason."""
+    from accelerate.state import PartialState
+
+    state = PartialState()
+    is_main = state.is_main_process
+    store = Store(db_path) if is_main else None
+    lock = RoundLock(db_path) if is_main else None
+    plan, refusal = None, None
+    if is_main:
+        try:
+            lock.acquire()
+            plan = plan_round(store, base_model, config, exclude_prompts, log)
+        except RoundRefused as error:
+            refusal = str(error)
+            lock.release()
+    plan, refusal = _broadcast((plan, refusal))
+    if refusal:
+        raise (RoundBusy if "Another round" in refusal else RoundRefused)(refusal)
+    started = time.perf_counter()
+    metrics: dict = {}
+
+    def record(values: dict) -> None:
+        metrics.update(values)
+        if is_main:
+            store.update_round_metrics(plan.round_id, values)
+
+    try:
+        policy_id = plan.reuse_policy_id
+        if policy_id is None:
+            reward_path = _reward_stage(plan, base_model, config, record, log)
+            policy_id = _ppo_stage(plan, reward_path, config, record, log, store)
+        else:
+            log(f"Round {plan.round_id}: policy {policy_id} was saved by a crashed round; generating its pairs.")
+            record({"round/policy_id": policy_id, "round/resumed_policy": True})
+        if is_main:
+            record({"round/stage": "pairs"})
+            made = _pairs_stage(store, plan, policy_id, config, log, pair_maker)
+            record({"round/pairs_generated": made, "round/seconds": time.perf_counter() - started,
+                    "round/stage": "done"})
+            store.finish_round(plan.round_id)
+        state.wait_for_everyone()
+    except BaseException as error:
+        if is_main:
+            store.fail_round(plan.round_id, f"{type(error).__name__}: {error}")
+        raise
+    finally:
+        if is_main:
+            lock.release()
+            store.close()
+    return RoundResult(round_id=plan.round_id, policy_id=policy_id, metrics=metrics)
+
+
+def _reward_stage(plan: RoundPlan, base_model: str, config: LoopConfig, record, log: Log) -> str:
+    """Step 3: train the reward model on every preference (warm start), refuse PPO on one below the bar."""
+    from dataclasses import replace
+
+    from rlhf.reward_data import PreferencePair
+    from rlhf.reward_train import train_reward_model
+
+    if plan.reuse_reward_path:
+        log(f"Round {plan.round_id}: reusing the reward model a crashed round trained on the same votes.")
+        record({"round/reward_model_path": plan.reuse_reward_path})
+        return plan.reuse_reward_path
+    record({"round/stage": "reward"})
+    out_dir = Path(plan.out_dir) / "reward"
+    staging = Path(plan.out_dir) / ".reward-staging"
+    reward_config = replace(config.reward, model=plan.reference_path, warm_start=plan.reward_warm_start,
+                            out_dir=str(staging), seed=config.round.seed + plan.round_id)
+    log(f"Round {plan.round_id}: training the reward model on {len(plan.preferences)} preference pairs "
+        f"({plan.new_pairs} new){' from the last one' if plan.reward_warm_start else ''}.")
+    pairs = [PreferencePair(*row) for row in plan.preferences]
+    result = train_reward_model(pairs, reward_config, on_progress=lambda m: record({"rm/live_" + k.split("/")[-1]: v
+                                                                                  for k, v in m.items()}))
+    from accelerate.state import PartialState
+
+    if PartialState().is_main_process:
+        _publish(staging, out_dir)
+    PartialState().wait_for_everyone()
+    accuracy = result.heldout_accuracy
+    record({**result.metrics, "rm/heldout_accuracy": accuracy, "round/reward_model_path": str(out_dir)})
+    log(f"Round {plan.round_id}: reward model held-out accuracy "
+        f"{'n/a' if accuracy is None else f'{accuracy:.1%}'} (bar {config.round.min_accuracy:.0%}).")
+    if accuracy is not None and accuracy < config.round.min_accuracy:
+        raise RoundRefused(
+            f"The reward model's held-out accuracy {accuracy:.1%} is below the bar {config.round.min_accuracy:.0%}: "
+            "PPO on it would chase noise. Collect more votes, or lower round.min_accuracy."
+        )
+    return str(out_dir)
+
+
+def _ppo_stage(plan: RoundPlan, reward_path: str, config: LoopConfig, record, log: Log, store) -> int | None:
+    """Steps 4-5: PPO from the last policy against the first, then save and record the new policy."""
+    from accelerate.state import PartialState
+
+    from rlhf.ppo_train import train_ppo
+
+    record({"round/stage": "ppo"})
+    log(f"Round {plan.round_id}: PPO on {len(plan.ppo_prompts)} prompts from policy {plan.actor_policy_id}.")
+    history: list[dict] = []
+
+    def on_step(step_metrics: dict) -> None:
+        history.append(step_metrics)
+        record({"history": history})
+
+    staging = Path(plan.out_dir) / ".policy-staging"
+    result = train_ppo(plan.actor_path, reward_path, plan.ppo_prompts, config.ppo, staging,
+                       reference_path=plan.reference_path, critic_path=reward_path, on_step=on_step)
+    policy_id = None
+    if PartialState().is_main_process:
+        target = _publish(staging, Path(plan.out_dir) / "policy")
+        policy_id = store.add_policy(plan.policy_round, str(target), parent_id=plan.actor_policy_id)
+        record({**_summarise_ppo(result.history), "round/policy_id": policy_id,
+                "round/policy_path": str(target)})
+        log(f"Round {plan.round_id}: saved policy {policy_id} (round {plan.policy_round}) to {target}.")
+    return _broadcast(policy_id)
+
+
+def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: LoopConfig, log: Log,
+                 pair_maker: Callable | None) -> int:
+    """Step 6: the next batch of pairs from the new policy, a share of them against an earlier policy."""
+    from annotate.pairs import make_pairs
+
+    maker = pair_maker or make_pairs
+    earlier = plan.actor_policy_id
+    log(f"Round {plan.round_id}: generating {config.round.next_pairs} pairs from policy {policy_id} "
+        f"({config.round.versus_share:.0%} against policy {earlier}).")
+    report = maker(store, store.policy(policy_id).path, None, config.round.next_pairs, policy_id,
+                   versus_share=config.round.versus_share, versus_policy_id=earlier, sampling=config.sampling,
+                   seed=config.round.seed + plan.round_id, show_bar=True)
+    return report.written

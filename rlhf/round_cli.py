@@ -1,0 +1,148 @@
+"""`python app.py --train-round` and `--demo-loop`: the round and the headless end-to-end demonstration."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from rlhf.config import ConfigError, LoopConfig, load_config
+from rlhf.round import RoundBusy, RoundRefused, run_round
+
+EXIT_REFUSED = 3
+EXIT_BUSY = 4
+SUMMARY_KEYS = [
+    ("rm/heldout_accuracy", "reward model held-out accuracy", "{:.1%}"),
+    ("rm/n_train", "pairs trained on", "{:.0f}"),
+    ("ppo/reward", "mean reward (score - KL)", "{:.3f}"),
+    ("ppo/score", "mean reward-model score", "{:.3f}"),
+    ("ppo/kl", "KL to the reference", "{:.4f}"),
+    ("ppo/response_len", "mean answer length (tokens)", "{:.1f}"),
+    ("round/policy_id", "new policy", "{}"),
+    ("round/pairs_generated", "pairs queued for annotation", "{}"),
+    ("round/seconds", "seconds", "{:.0f}"),
+]
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def loop_config(args) -> LoopConfig:
+    return load_config(getattr(args, "config", None), getattr(args, "set", None) or [])
+
+
+def summary_table(metrics: dict) -> str:
+    rows = []
+    for key, label, fmt in SUMMARY_KEYS:
+        value = metrics.get(key)
+        if value is not None:
+            rows.append(f"  {label:<34} {fmt.format(value)}")
+    return "\n".join(rows)
+
+
+def command_train_round(args) -> int:
+    """One round; exit 0 done, 3 refused (too few pairs, reward model below the bar), 4 another round running."""
+    try:
+        config = loop_config(args)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    Path(args.db).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run_round(args.db, args.model, config, log=_log)
+    except RoundBusy as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BUSY
+    except RoundRefused as error:
+        print(f"round refused: {error}", file=sys.stderr)
+        return EXIT_REFUSED
+    from accelerate.state import PartialState
+
+    if PartialState().is_main_process:
+        print(f"Round {result.round_id} done.\n{summary_table(result.metrics)}")
+    return 0
+
+
+def _win_rate(judge, prompts: list[str], new_answers: list[str], first_answers: list[str]) -> float:
+    """Share of prompts where the judge prefers the new policy's answer (ties count half), sides alternated."""
+    score = 0.0
+    for index, (prompt, new, old) in enumerate(zip(prompts, new_answers, first_answers)):
+        new_on_a = index % 2 == 0
+        verdict = judge(prompt, new, old) if new_on_a else judge(prompt, old, new)
+        if verdict == "tie":
+            score += 0.5
+        elif verdict == ("a" if new_on_a else "b"):
+            score += 1.0
+    return score / len(prompts) if prompts else 0.0
+
+
+def _answers(policy_path: str, prompts: list[str], config: LoopConfig, seed: int) -> list[str]:
+    from dataclasses import replace
+
+    from annotate.pairs import load_policy_model
+    from rlhf.generate import generate_answers
+
+    model, tokenizer = load_policy_model(policy_path)
+    sampling = replace(config.sampling, seed=seed)
+    generated = generate_answers(model, tokenizer, prompts, n_per_prompt=1, sampling=sampling)
+    return [answers[0].text for answers in generated.answers]
+
+
+def command_demo_loop(args) -> int:
+    """simulate -> round, R times, on the shipped prompts; the judge's win rate of each policy against the first."""
+    from annotate.pairs import ensure_base_policy, make_pairs
+    from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, simulate_votes
+    from annotate.store import Store
+
+    try:
+        config = loop_config(args)
+        judge = resolve_judge(args.annotator)
+    except (ConfigError, AnnotatorSpecError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    voter = noisy(judge, args.noise, random.Random(args.seed + 7)) if args.noise else judge
+    name = args.annotator_name or f"sim:{args.annotator}"
+    Path(args.db).parent.mkdir(parents=True, exist_ok=True)
+    store = Store(args.db)
+    if store.count_prompts() == 0:
+        store.import_prompts(Path("data/prompts.jsonl"))
+    first = ensure_base_policy(store, args.model)
+    rng = random.Random(args.seed)
+    eval_prompts = rng.sample([p.text for p in store.prompts()], min(args.eval_prompts, store.count_prompts()))
+    _log(f"Demo loop: {args.rounds} rounds, annotator {args.annotator} (noise {args.noise:.0%}), "
+         f"{args.votes} votes a round, win rate judged on {len(eval_prompts)} prompts kept out of training.")
+    first_answers = _answers(first.path, eval_prompts, config, seed=args.seed)
+    rows = []
+    for round_number in range(1, args.rounds + 1):
+        started = time.perf_counter()
+        waiting = store.pairs_waiting()
+        if waiting < args.votes:
+            latest = store.latest_policy()
+            _log(f"Generating {args.votes - waiting} pairs from policy {latest.id} to vote on.")
+            make_pairs(store, latest.path, None, args.votes - waiting, latest.id, sampling=config.sampling,
+                       seed=args.seed + round_number, show_bar=True)
+        voted = simulate_votes(store, voter, name, args.votes, seed=args.seed + round_number)
+        _log(f"Round {round_number}: {name} cast {voted.votes} votes.")
+        try:
+            result = run_round(args.db, args.model, config, log=_log, exclude_prompts=set(eval_prompts))
+        except RoundRefused as error:
+            print(f"round {round_number} refused: {error}", file=sys.stderr)
+            break
+        new_answers = _answers(store.policy(result.policy_id).path, eval_prompts, config, seed=args.seed)
+        row = {
+            "round": round_number,
+            "rm_accuracy": result.metrics.get("rm/heldout_accuracy"),
+            "reward": result.metrics.get("ppo/reward"),
+            "kl": result.metrics.get("ppo/kl"),
+            "win_rate": _win_rate(judge, eval_prompts, new_answers, first_answers),
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        rows.append(row)
+        print(f"round {round_number}: rm accuracy {row['rm_accuracy']}, reward {row['reward']}, "
+              f"kl {row['kl']}, win rate vs first {row['win_rate']:.1%}, {row['seconds']} s", flush=True)
+    store.close()
+    print(json.dumps({"rounds": rows}))
+    return 0 if len(rows) == args.rounds else EXIT_REFUSED

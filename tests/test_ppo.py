@@ -1,0 +1,365 @@
+"""PPO: masks, log-prob alignment, the experience batch, learning a programmatic reward, LoRA, saving."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import app
+from annotate.store import Store
+from rlhf.losses import actor_loss, critic_loss
+from rlhf.models import format_prompt, load_causal_lm, load_tokenizer, resolve_model_path
+from rlhf.ppo import PPOConfig, PPOTrainer
+from rlhf.ppo_experience import position_ids_from_mask, response_log_probs, response_masks
+from rlhf.ppo_train import add_lora, build_ppo_trainer, train_ppo
+from rlhf.reward import RewardModel, RewardOutput
+
+PROMPTS = ["hello there", "what is two plus two", "tell me a joke", "name a colour"]
+
+
+class TokenShareReward(torch.nn.Module):
+    """Programmatic reward model: score = (tokens of `targets` in the sequence) / `per`; values are zeros.
+
+    It sees whole sequences, so the targets must exclude every prompt token (else the prompt would add a
+    per-prompt offset to the score that no answer can change).
+    """
+
+    def __init__(self, targets: torch.Tensor, per: int):
+        super().__init__()
+        self.targets, self.per = targets, per
+
+    def forward_value(self, input_ids, attention_mask):
+        hits = torch.isin(input_ids, self.targets.to(input_ids.device)) & attention_mask.bool()  # (B, L)
+        return RewardOutput(values=torch.zeros(input_ids.shape), scores=hits.sum(-1).float() / self.per)
+
+
+@pytest.fixture(scope="module")
+def module_tokenizer(tiny_model_dir):
+    """The tiny model's tokenizer, shared by this module's module-scoped fixtures."""
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def peaked_model_dir(tmp_path_factory, module_tokenizer) -> Path:
+    """A tiny random Llama whose untied output layer has std 1, so (like a trained model, unlike the
+    fixture's near-uniform one) it samples from a few likely tokens and PPO has probabilities to move."""
+    tokenizer = module_tokenizer
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 1.0)
+    out = tmp_path_factory.mktemp("peaked-model")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def half_vocab_reward(actor, tokenizer, max_new_tokens: int) -> TokenShareReward:
+    """Reward the share of answer tokens whose output-layer row points along a fixed random direction u.
+
+    Half the vocabulary qualifies, and moving the final hidden state toward u raises all of them at
+    once, so a few steps of a tiny model can learn it.
+    """
+    u = torch.randn(actor.config.hidden_size, generator=torch.Generator().manual_seed(123))
+    targets = set((actor.lm_head.weight.detach() @ u > 0).nonzero().squeeze(-1).tolist())
+    for prompt in PROMPTS:
+        targets -= set(tokenizer(format_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"])
+    return TokenShareReward(torch.tensor(sorted(targets)), per=max_new_tokens)
+
+
+def zero_head_critic(path) -> RewardModel:
+    """A critic from the model with a zero value head: V = 0 at first, so early advantages are the
+    (whitened) rewards-to-go instead of a random head's noise."""
+    critic = RewardModel.from_causal_lm(path)
+    torch.nn.init.zeros_(critic.v_head.weight)
+    return critic
+
+
+def learning_trainer(path, tokenizer, **overrides) -> PPOTrainer:
+    settings = dict(max_new_tokens=4, batch_size=16, mini_batch_size=16, actor_lr=1e-3, critic_lr=1e-3,
+                    whiten_advantages=True, seed=1)
+    config = PPOConfig(**{**settings, **overrides})
+    actor = load_causal_lm(path)
+    # The output layer defines the reward's token set, and Adam would move all 49k rows a full step at once.
+    actor.lm_head.requires_grad_(False)
+    reward = half_vocab_reward(actor, tokenizer, config.max_new_tokens)
+    if config.use_lora:
+        return PPOTrainer(add_lora(actor, config, causal_lm=True),
+                          add_lora(zero_head_critic(path), config, causal_lm=False), tokenizer, config,
+                          reward_model=reward)
+    return PPOTrainer(actor, zero_head_critic(path), tokenizer, config, reward_model=reward,
+                      reference=load_causal_lm(path))
+
+
+# ----- masks and alignment -----
+
+
+def test_response_mask_keeps_tokens_up_to_the_first_eos():
+    eos = 2
+    response = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8], [2, 2, 2, 2]])
+    action_mask, ended = response_masks(response, eos)
+    assert action_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert ended.tolist() == [True, False, True]
+
+
+def test_position_ids_count_real_tokens_only():
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    # padding gets 1 (ignored); real tokens count 0, 1, 2... from their own start
+    assert position_ids_from_mask(mask).tolist() == [[1, 1, 0, 1, 2, 1], [0, 1, 2, 3, 4, 5]]
+
+
+def test_response_log_probs_match_each_prefix_computed_alone(tiny_model_dir, tokenizer):
+    model = load_causal_lm(tiny_model_dir).eval()
+    trainer_free_batch = tokenizer([format_prompt(tokenizer, p) for p in PROMPTS[:3]], return_tensors="pt",
+                                   padding=True, add_special_tokens=False)
+    torch.manual_seed(0)
+    response = torch.randint(10, 1000, (3, 5))  # (B, T)
+    response[0, 2] = tokenizer.eos_token_id  # row 0 ends early: its later positions are padding
+    action_mask, _ = response_masks(response, tokenizer.eos_token_id)
+    sequences = torch.cat([trainer_free_batch["input_ids"], response], dim=1)
+    attention_mask = torch.cat([trainer_free_batch["attention_mask"], action_mask], dim=1)
+    with torch.no_grad():
+        log_probs, _ = response_log_probs(model, sequences, attention_mask, response.shape[1])
+        for row in range(3):
+            prompt = trainer_free_batch["input_ids"][row][trainer_free_batch["attention_mask"][row].bool()]
+            for t in range(int(action_mask[row].sum())):
+                # direct: the unpadded prompt + the first t answer tokens, next-token distribution at the end
+                prefix = torch.cat([prompt, response[row, :t]]).unsqueeze(0)
+                expected = model(prefix).logits[0, -1].log_softmax(-1)[response[row, t]]
+                assert log_probs[row, t].item() == pytest.approx(expected.item(), abs=1e-4)
+
+
+def test_generation_log_probs_equal_the_scoring_pass(tiny_model_dir, tokenizer):
+    """The logits generate() sampled from give the same log-probs as the trainer's forward pass."""
+    config = PPOConfig(max_new_tokens=6, seed=3)
+    model = load_causal_lm(tiny_model_dir).eval()
+    trainer = PPOTrainer(model, zero_head_critic(tiny_model_dir), tokenizer, config,
+                         reward_model=TokenShareReward(torch.tensor([5]), 6), reference=load_causal_lm(tiny_model_dir))
+    batch = trainer.encode_prompts(PROMPTS)
+    with torch.no_grad():
+        out = model.generate(**batch, generation_config=trainer.generation_config, output_logits=True,
+                             return_dict_in_generate=True)
+        width = len(out.logits)
+        chosen = out.sequences[:, -width:]  # (B, T)
+        from_generate = torch.stack(out.logits, 1).log_softmax(-1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+        action_mask, _ = response_masks(chosen, tokenizer.eos_token_id)
+        attention_mask = torch.cat([batch["attention_mask"], action_mask], dim=1)
+        from_forward, _ = response_log_probs(model, out.sequences, attention_mask, width)
+    real = action_mask.bool()
+    assert torch.allclose(from_forward[real], from_generate[real], atol=1e-4)
+
+
+# ----- the experience batch -----
+
+
+@pytest.fixture(scope="module")
+def experience_trainer(peaked_model_dir, module_tokenizer):
+    return learning_trainer(peaked_model_dir, module_tokenizer, max_new_tokens=8, batch_size=4, mini_batch_size=4,
+                            min_new_tokens=2, truncation_penalty=0.5)
+
+
+def test_experience_masks_prompt_and_padding(experience_trainer):
+    trainer = experience_trainer
+    sequences, attention_mask, action_mask, ended = trainer.generate(PROMPTS)
+    experience, _ = trainer.evaluate(sequences, attention_mask, action_mask, ended)
+    prompt_mask = trainer.encode_prompts(PROMPTS)["attention_mask"]
+    width = action_mask.shape[1]
+    assert experience.prompt_width == prompt_mask.shape[1]
+    assert torch.equal(experience.attention_mask[:, :-width], prompt_mask)  # left padding stays masked
+    assert torch.equal(experience.attention_mask[:, -width:], action_mask)  # so does everything after EOS
+    pad = ~action_mask.bool()
+    for name in ("rewards", "advantages", "returns", "kl"):
+        assert (getattr(experience, name)[pad] == 0).all(), name
+    assert torch.equal(experience.response_length, action_mask.sum(-1))
+    # the clipped score (here with the 0.5 penalty where the answer never ended) sits on the last real token
+    last = action_mask.sum(-1) - 1  # response-only layout: real tokens first
+    score = experience.reward_score - 0.5 * (~experience.ended).float()
+    kl_part = -trainer.kl_controller.value * experience.kl
+    on_last = (experience.rewards - kl_part).gather(1, last.unsqueeze(1)).squeeze(1)
+    assert torch.allclose(on_last, score.clamp(-5, 5), atol=1e-6)
+
+
+def test_masked_positions_do_not_influence_rewards_or_losses(experience_trainer):
+    trainer = experience_trainer
+    torch.manual_seed(4)
+    # force padding after EOS: an answer that stops at its second token
+    sequences, attention_mask, action_mask, ended = trainer.generate(PROMPTS)
+    action_mask[0, 2:] = 0
+    attention_mask[0, -action_mask.shape[1]:] = action_mask[0]
+    experience, _ = trainer.evaluate(sequences, attention_mask, action_mask, ended)
+    pad = ~action_mask.bool()
+    garbage = torch.full_like(experience.log_probs, 1e4)
+    poisoned = trainer.make_experience(
+        sequences, attention_mask, action_mask, ended,
+        torch.where(pad, garbage, experience.log_probs), torch.where(pad, -garbage, experience.ref_log_probs),
+        torch.where(pad, garbage, experience.values), experience.reward_score)
+    for name in ("rewards", "advantages", "returns"):
+        assert torch.equal(getattr(poisoned, name), getattr(experience, name)), name
+    new_log_probs = experience.log_probs + 0.1 * torch.randn_like(experience.log_probs)
+    new_values = experience.values + 0.1 * torch.randn_like(experience.values)
+    clean = actor_loss(new_log_probs, experience.log_probs, experience.advantages, action_mask, 0.2)[0]
+    dirty = actor_loss(torch.where(pad, garbage, new_log_probs), poisoned.log_probs, poisoned.advantages,
+                       action_mask, 0.2)[0]
+    assert torch.equal(clean, dirty)
+    clean = critic_loss(new_values, experience.values, experience.returns, action_mask, 0.2)[0]
+    dirty = critic_loss(torch.where(pad, garbage, new_values), poisoned.values, poisoned.returns, action_mask, 0.2)[0]
+    assert torch.equal(clean, dirty)
+
+
+# ----- learning -----
+
+
+def assert_learns(history: list[dict]) -> None:
+    scores = [m["ppo/score"] for m in history]
+    assert all(math.isfinite(m["ppo/kl"]) and m["ppo/kl"] < 50 for m in history), [m["ppo/kl"] for m in history]
+    assert sum(scores[-3:]) / 3 > scores[0] + 0.1, scores
+
+
+def test_ppo_raises_a_programmatic_reward(peaked_model_dir, tokenizer):
+    trainer = learning_trainer(peaked_model_dir, tokenizer, steps=6)
+    history = trainer.train(PROMPTS * 4)
+    assert_learns(history)
+    expected = {"ppo/reward", "ppo/score", "ppo/kl", "ppo/kl_ctl", "ppo/policy_loss", "ppo/value_loss",
+                "ppo/clipfrac", "ppo/approx_kl", "ppo/entropy", "ppo/response_len", "time/generate",
+                "time/score", "time/update"}
+    assert expected <= set(history[0])
+    assert history[0]["ppo/approx_kl"] == 0.0  # first update's ratio is exactly 1: the same forward pass
+
+
+def test_lora_ppo_learns_with_the_reference_held_once(peaked_model_dir, tokenizer, tmp_path):
+    trainer = learning_trainer(peaked_model_dir, tokenizer, steps=6, use_lora=True, lora_lr=1e-3)
+    history = trainer.train(PROMPTS * 4)
+    assert_learns(history)
+    assert trainer.reference is None  # no second copy: the reference is the actor with adapters disabled
+    base = load_causal_lm(peaked_model_dir).eval()
+    sequences, attention_mask, action_mask, _ = trainer.generate(PROMPTS)
+    width = action_mask.shape[1]
+    real = action_mask.bool()
+    with torch.inference_mode():
+        reference = trainer.reference_log_probs(sequences, attention_mask, width)
+        untouched = response_log_probs(base, sequences, attention_mask, width)[0]
+        trained = response_log_probs(trainer.unwrapped_actor(), sequences, attention_mask, width)[0]
+    assert torch.allclose(reference[real], untouched[real], atol=1e-5)
+    assert not torch.allclose(trained[real], untouched[real], atol=1e-3)
+
+    saved = trainer.save_actor(tmp_path / "merged")
+    assert (saved / "model.safetensors").is_file() and not (saved / "adapter_config.json").exists()
+    reloaded = load_causal_lm(saved).eval()
+    with torch.inference_mode():
+        merged = response_log_probs(reloaded, sequences, attention_mask, width)[0]
+    assert torch.allclose(merged[real], trained[real], atol=1e-4)
+    assert hasattr(trainer.unwrapped_actor(), "disable_adapter")  # merging worked on a copy
+
+
+def test_several_epochs_over_mini_batches_and_adaptive_kl(peaked_model_dir, tokenizer):
+    trainer = learning_trainer(peaked_model_dir, tokenizer, batch_size=8, mini_batch_size=4, ppo_epochs=2,
+                               adaptive_kl=True, kl_target=1.0, kl_horizon=100.0)
+    assert not trainer.config.fused_first_update
+    first = trainer.step(PROMPTS * 2)
+    second = trainer.step(PROMPTS * 2)
+    assert first["ppo/approx_kl"] > 0  # later mini-batches see an already updated actor
+    # Ziegler et al.: kl_ctl *= 1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon, with n = 8 sequences
+    error = min(max(first["ppo/kl"] / 1.0 - 1, -0.2), 0.2)
+    assert second["ppo/kl_ctl"] == pytest.approx(0.1 * (1 + error * 8 / 100.0))
+
+
+def test_reusing_the_first_forward_gives_the_same_update(peaked_model_dir, tokenizer):
+    results = []
+    for reuse in (True, False):
+        trainer = learning_trainer(peaked_model_dir, tokenizer, batch_size=4, mini_batch_size=4, reuse_forward=reuse)
+        assert trainer.config.fused_first_update is reuse
+        metrics = trainer.step(PROMPTS)
+        results.append((metrics, [p.detach().clone() for p in trainer.unwrapped_actor().parameters()]))
+    (fused, fused_weights), (separate, separate_weights) = results
+    for name in ("ppo/score", "ppo/kl", "ppo/policy_loss", "ppo/value_loss"):
+        assert fused[name] == pytest.approx(separate[name], abs=1e-5), name
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(fused_weights, separate_weights))
+
+
+def test_saved_actor_loads_back_identical(tiny_model_dir, tokenizer, tmp_path):
+    trainer = learning_trainer(tiny_model_dir, tokenizer, batch_size=4, mini_batch_size=4)
+    trainer.step(PROMPTS)
+    saved = trainer.save_actor(tmp_path / "actor")
+    reloaded = load_causal_lm(saved).eval()
+    ids = trainer.encode_prompts(PROMPTS)
+    with torch.inference_mode():
+        assert torch.equal(reloaded(**ids).logits, trainer.unwrapped_actor()(**ids).logits)
+    assert (saved / "tokenizer_config.json").is_file()
+
+
+# ----- whole runs and the command -----
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory, tiny_model_dir, module_tokenizer) -> Path:
+    """An (untrained) reward model folder on the tiny model, as --train-reward would save it."""
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("reward-model")
+    return RewardModel.from_causal_lm(tiny_model_dir).save_pretrained(out, tokenizer=module_tokenizer)
+
+
+def test_train_ppo_runs_from_folders_and_saves_a_plain_model(tiny_model_dir, reward_model_dir, tmp_path):
+    seen = []
+    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=4, steps=2)
+    result = train_ppo(tiny_model_dir, reward_model_dir, PROMPTS, config, tmp_path / "actor", on_step=seen.append)
+    assert [m["ppo/step"] for m in result.history] == [1, 2] and seen == result.history
+    assert result.config["max_new_tokens"] == 4 and result.config["temperature"] == 0.7
+    assert load_causal_lm(result.saved_path).config.vocab_size == 49152
+
+
+def test_command_trains_from_a_prompt_file(tiny_model_dir, reward_model_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hello there"}\n{"prompt": "tell me a joke"}\n', encoding="utf-8")
+    code = app.main(["--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_model_dir),
+                     "--prompts", str(prompts), "--steps", "1", "--out", str(tmp_path / "actor"),
+                     "--db", str(tmp_path / "none.db")])
+    assert code == 0
+    assert "Actor saved to" in capsys.readouterr().out
+    assert (tmp_path / "actor" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "needs --reward-model"),
+    (["--reward-model", "{tiny}"], "is not a reward model folder"),
+    (["--reward-model", "{rm}"], "no database at"),
+    (["--reward-model", "{rm}", "--prompts", "{missing}"], "no such file"),
+    (["--reward-model", "{rm}", "--steps", "0"], "--steps must be at least 1"),
+])
+def test_command_errors_say_what_to_do(extra, message, tiny_model_dir, reward_model_dir, tmp_path, capsys):
+    names = {"tiny": tiny_model_dir, "rm": reward_model_dir, "missing": tmp_path / "missing.jsonl"}
+    argv = ["--train-ppo", "--model", str(tiny_model_dir), "--db", str(tmp_path / "none.db")]
+    code = app.main(argv + [arg.format(**names) for arg in extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_command_reads_prompts_from_the_store(tiny_model_dir, reward_model_dir, tmp_path, capsys):
+    db = tmp_path / "loop.db"
+    with Store(db) as store:
+        assert app.main(["--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_model_dir),
+                         "--db", str(db)]) == 2
+        assert "holds no prompts" in capsys.readouterr().err
+        store.add_prompts(["hello there", "name a colour"])
+    code = app.main(["--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_model_dir),
+                     "--db", str(db), "--steps", "1", "--out", str(tmp_path / "actor")])
+    assert code == 0 and "on 2 prompts" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_one_ppo_step_of_the_default_model(tmp_path):
+    path = resolve_model_path("default")
+    RewardModel.from_causal_lm(path).save_pretrained(tmp_path / "rm", tokenizer=load_tokenizer(path))
+    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=8, steps=1)
+    trainer = build_ppo_trainer(path, tmp_path / "rm", config)
+    metrics = trainer.step(PROMPTS[:2])
+    assert all(math.isfinite(value) for value in metrics.values()), metrics
+    assert metrics["ppo/kl"] == pytest.approx(0.0, abs=1e-4)  # actor == reference before the first update
+    assert 1 <= metrics["ppo/response_len"] <= 8

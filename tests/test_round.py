@@ -1,0 +1,119 @@
+"""The round end to end on the tiny model: two rounds, a killed round resumed, refusals."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import app
+from annotate.pairs import ensure_base_policy, make_pairs
+from annotate.simulate import resolve_judge, simulate_votes
+from annotate.store import Store
+from rlhf.config import load_config
+from rlhf.generate import AnswerSampling
+from rlhf.round import RoundLock, run_round
+
+PROMPTS = [f"Tell me something about the number {i}." for i in range(24)]
+
+
+def tiny_settings(tmp_path: Path, ppo_steps: int = 1) -> list[str]:
+    """Overrides that make a round of the tiny model take seconds."""
+    return [
+        "round.min_new_pairs=4", "round.min_accuracy=0.0", "round.ppo_prompts=8", "round.next_pairs=6",
+        f"round.checkpoints_dir={tmp_path / 'checkpoints'}".replace("=", "=\"", 1) + "\"",
+        "reward.batch_size=4", "reward.max_length=96", "reward.heldout_fraction=0.25", "reward.min_pairs=4",
+        f"ppo.steps={ppo_steps}", "ppo.batch_size=4", "ppo.mini_batch_size=4", "ppo.max_new_tokens=8",
+        "sampling.max_new_tokens=12", "sampling.batch_size=8",
+    ]
+
+
+def seed_votes(db: Path, model_dir: Path, n_pairs: int = 12) -> None:
+    store = Store(db)
+    store.add_prompts(PROMPTS, source="test")
+    policy = ensure_base_policy(store, str(model_dir))
+    make_pairs(store, str(model_dir), None, n_pairs, policy.id, sampling=AnswerSampling(max_new_tokens=12, seed=0))
+    simulate_votes(store, resolve_judge("longer"), "sim", n_votes=n_pairs)
+    store.close()
+
+
+def test_two_rounds_record_two_policies_their_metrics_and_fresh_pairs(tmp_path, tiny_model_dir):
+    db = tmp_path / "loop.db"
+    seed_votes(db, tiny_model_dir)
+    config = load_config(None, tiny_settings(tmp_path))
+    first = run_round(db, str(tiny_model_dir), config, log=lambda message: None)
+    store = Store(db)
+    simulate_votes(store, resolve_judge("longer"), "sim2", n_votes=6)
+    store.add_prompts([f"Another question, number {i}?" for i in range(8)], source="test")
+    second = run_round(db, str(tiny_model_dir), config, log=lambda message: None)
+
+    policies = store.policies()
+    assert [p.round for p in policies] == [0, 1, 2]
+    assert [p.id for p in policies[1:]] == [first.policy_id, second.policy_id]
+    assert policies[2].parent_id == policies[1].id
+    assert all((Path(p.path) / "config.json").is_file() for p in policies[1:])
+    rounds = store.rounds()
+    assert [r.status for r in rounds] == ["done", "done"]
+    for round_ in rounds:
+        for key in ("rm/heldout_accuracy", "ppo/kl", "ppo/reward", "round/pairs_generated", "history"):
+            assert key in round_.metrics
+    assert rounds[1].metrics["round/reward_model_path"] != rounds[0].metrics["round/reward_model_path"]
+    new_pairs = [store.pair(pid) for pid in range(1, store.count_pairs() + 1)]
+    made_by = {store.generation(pair.gen_a).policy_id for pair in new_pairs}
+    assert {first.policy_id, second.policy_id} <= made_by  # each round queued pairs from its new policy
+    assert any(pair.kind == "versus" for pair in new_pairs)
+
+
+def test_too_few_new_pairs_is_refused_with_the_numbers(tmp_path, tiny_model_dir, capsys):
+    db = tmp_path / "few.db"
+    seed_votes(db, tiny_model_dir, n_pairs=2)
+    settings = [arg for setting in tiny_settings(tmp_path) for arg in ("--set", setting)]
+    code = app.main(["--train-round", "--db", str(db), "--model", str(tiny_model_dir), *settings])
+    assert code == 3
+    err = capsys.readouterr().err
+    assert "new preference pairs since the last round (minimum 4" in err
+    assert Store(db).rounds() == []
+
+
+def test_a_second_concurrent_round_is_refused(tmp_path, tiny_model_dir, capsys):
+    db = tmp_path / "busy.db"
+    seed_votes(db, tiny_model_dir)
+    with RoundLock(db):
+        code = app.main(["--train-round", "--db", str(db), "--model", str(tiny_model_dir)])
+    assert code == 4
+    assert "Another round is running" in capsys.readouterr().err
+
+
+def test_a_killed_round_leaves_the_database_consistent_and_the_next_one_completes(tmp_path, tiny_model_dir):
+    db = tmp_path / "crash.db"
+    seed_votes(db, tiny_model_dir)
+    votes_before = len(Store(db).votes())
+    settings = [arg for setting in tiny_settings(tmp_path, ppo_steps=400) for arg in ("--set", setting)]
+    command = [sys.executable, "app.py", "--train-round", "--db", str(db), "--model", str(tiny_model_dir)]
+    process = subprocess.Popen([*command, *settings], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = Store(db)
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:  # kill it in the middle of PPO, after the reward model is saved
+            running = store.running_round()
+            if running and running.metrics.get("history"):
+                break
+            assert process.poll() is None, "the round ended before it could be killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("the round never reached PPO")
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+
+    assert store.running_round() is not None  # what a crash leaves behind
+    settings = [arg for setting in tiny_settings(tmp_path, ppo_steps=1) for arg in ("--set", setting)]
+    assert app.main(["--train-round", "--db", str(db), "--model", str(tiny_model_dir), *settings]) == 0
+    rounds = store.rounds()
+    assert [r.status for r in rounds] == ["failed", "done"]
+    assert rounds[1].metrics["round/reward_model_path"] == rounds[0].metrics["round/reward_model_path"]
+    assert len(store.votes()) == votes_before
+    assert [p.round for p in store.policies()] == [0, 1]
