@@ -34,6 +34,8 @@ class AnswerSampling:
     """Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p (1.0 keeps all)."""
     top_k: int = 0
     """Keep only the k most likely tokens before sampling (0 disables it)."""
+    repetition_penalty: float = 1.0
+    """Divide the logits of tokens already in the prompt or answer by this (CTRL's penalty; 1.0 disables it)."""
     batch_size: int = 16
     """Sequences generated together in one left-padded batch."""
     seed: int | None = None
@@ -132,6 +134,7 @@ def _generation_kwargs(sampling: AnswerSampling, eos_ids: list[int], pad_id: int
     kwargs = dict(
         max_new_tokens=sampling.max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True,
         do_sample=not sampling.greedy, num_beams=1,
+        repetition_penalty=sampling.repetition_penalty if sampling.repetition_penalty != 1.0 else None,
     )
     if sampling.greedy:
         # The model's own generation config may carry sampling settings; neutral values keep generate quiet.
