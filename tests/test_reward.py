@@ -300,8 +300,8 @@ def test_warm_start_continues_from_the_saved_reward_model(trained):
 
 
 @pytest.mark.parametrize("grad_accum, epochs, max_steps, share_prompt, expected_steps", [
-    (5, 2, None, True, 6),  # 90 pairs / 8 = 12 passes -> windows of 5, 5, 2 -> 3 steps an epoch
-    (1, 2, 4, False, 4),  # max_steps stops the run early (and whole sequences train too)
+    (5, 2, None, False, 6),  # 90 pairs / 8 = 12 passes -> windows of 5, 5, 2 -> 3 steps an epoch
+    (1, 2, 4, True, 4),  # max_steps stops the run early (and shared prompts train too)
 ])
 def test_optimizer_steps_count_accumulation_windows(tiny_model_dir, grad_accum, epochs, max_steps, share_prompt,
                                                     expected_steps):
