@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,9 +128,14 @@ class PPOConfig:
 
 
 def make_accelerator() -> Accelerator:
-    """bf16 autocast where CUDA supports it, full fp32 otherwise (CPU bf16 training loses too much precision)."""
-    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return Accelerator(mixed_precision="bf16" if bf16 else "no")
+    """bf16 autocast where CUDA supports it, fp32 otherwise (CPU bf16 training loses too much precision);
+    `accelerate launch`'s own precision setting wins. Without a GPU, `cpu=True` is what makes the processes
+    that torchrun starts join over gloo instead of each training alone."""
+    if "ACCELERATE_MIXED_PRECISION" in os.environ:
+        precision = None
+    else:
+        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    return Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
 
 
 class PPOTrainer:
