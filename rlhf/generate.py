@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from rlhf.models import format_prompt
 
@@ -35,7 +36,8 @@ class AnswerSampling:
     top_k: int = 0
     """Keep only the k most likely tokens before sampling (0 disables it)."""
     repetition_penalty: float = 1.0
-    """Divide the logits of tokens already in the prompt or answer by this (CTRL's penalty; 1.0 disables it)."""
+    """CTRL's penalty on tokens already in the answer (the prompt is not counted: its words and the chat
+    template's EOS stay free); applied after top-p picked the nucleus. 1.0 disables it."""
     batch_size: int = 16
     """Sequences generated together in one left-padded batch."""
     seed: int | None = None
@@ -134,7 +136,6 @@ def _generation_kwargs(sampling: AnswerSampling, eos_ids: list[int], pad_id: int
     kwargs = dict(
         max_new_tokens=sampling.max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True,
         do_sample=not sampling.greedy, num_beams=1,
-        repetition_penalty=sampling.repetition_penalty if sampling.repetition_penalty != 1.0 else None,
     )
     if sampling.greedy:
         # The model's own generation config may carry sampling settings; neutral values keep generate quiet.
@@ -156,8 +157,14 @@ def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], samplin
     prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)  # (B, P), (B, P)
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    processors = LogitsProcessorList()
+    if sampling.repetition_penalty != 1.0:
+        # Left padding puts every prompt in the first P columns, so ignoring P tokens ignores exactly the prompts.
+        processors.append(RepetitionPenaltyLogitsProcessor(float(sampling.repetition_penalty),
+                                                           prompt_ignore_length=prompt_ids.shape[1]))
     output = model.generate(
-        input_ids=prompt_ids, attention_mask=prompt_mask, **_generation_kwargs(sampling, eos_ids, pad_id)
+        input_ids=prompt_ids, attention_mask=prompt_mask, logits_processor=processors,
+        **_generation_kwargs(sampling, eos_ids, pad_id),
     )
     response_ids = output[:, prompt_ids.shape[1]:]  # (B, T), T <= max_new_tokens
     response_mask, ended = response_mask_until_eos(response_ids, eos_ids)  # (B, T), (B,)

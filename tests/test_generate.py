@@ -100,6 +100,19 @@ def test_a_seed_repeats_the_draws_and_leaves_the_callers_random_state_alone(tiny
     assert torch.equal(after_generation, expected_next)
 
 
+def test_the_repetition_penalty_counts_the_answers_tokens_not_the_prompts(tiny_model_dir, tokenizer):
+    # The tied tiny model greedily repeats the prompt's last token, "\n" (198), forever. A penalty over the prompt
+    # would forbid it from the first step; over the answer only, the first "\n" is free and the second is not.
+    tied = load_causal_lm(tiny_model_dir)
+    prompt = [encode_prompt(tokenizer, "Hi")]
+    plain = generate_tokens(tied, tokenizer, prompt, AnswerSampling(max_new_tokens=3, temperature=0.0))
+    penalised = generate_tokens(tied, tokenizer, prompt,
+                                AnswerSampling(max_new_tokens=3, temperature=0.0, repetition_penalty=100.0))
+    assert prompt[0][-1] == 198 and plain.response_ids[0].tolist() == [198, 198, 198]
+    assert penalised.response_ids[0, 0] == 198
+    assert 198 not in penalised.response_ids[0, 1:].tolist()
+
+
 def test_the_model_is_left_in_the_mode_it_was_in(tiny_model, tokenizer):
     tiny_model.train()
     generate_answers(tiny_model, tokenizer, ["Hi"], n_per_prompt=1, sampling=AnswerSampling(max_new_tokens=2))
