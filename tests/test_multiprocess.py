@@ -93,7 +93,8 @@ def _torchrun(tmp_path: Path, app_argv: list[str], timeout: int = 600) -> tuple[
     """Launch the driver on two processes; each rank's report (rank order) and what they printed (stdout + stderr)."""
     digest_dir = tmp_path / "digests"
     digest_dir.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT),
+           "CUDA_VISIBLE_DEVICES": ""}  # CPU processes on gloo even on a GPU machine (one GPU cannot host rank 1)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                __file__, str(digest_dir), *app_argv]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
