@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,9 +33,11 @@ pytestmark = pytest.mark.slow  # each case starts two interpreters that load tor
 
 def _weights_digest(parameters) -> str:
     """sha256 over the bytes of the parameters, in order: equal only when every weight is bit-identical."""
+    import torch
+
     digest = hashlib.sha256()
     for parameter in parameters:
-        digest.update(parameter.detach().cpu().contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy())
+        digest.update(parameter.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
 
 
@@ -154,7 +155,7 @@ def test_sft_under_two_processes_records_one_policy(tmp_path, tiny_model_dir):
     reports, printed = _torchrun(tmp_path, ["--sft", str(demos), "--model", str(tiny_model_dir), "--db", str(db),
                                            "--out", str(tmp_path / "sft"), "--sft-batch-size", "4"])
     _assert_replicas_trained_in_step(reports, n_trained=1)
-    assert reports[1]["saved"] == []
+    assert reports[1]["saved"] == []  # (rank 1 opens the store too, to read demonstrations when there is no file)
     with Store(db) as store:
         assert [(p.round, p.path) for p in store.policies()][1:] == [(0, str(tmp_path / "sft"))]
     assert printed.count("SFT of ") == printed.count("SFT done") == 1
@@ -174,8 +175,7 @@ def test_ppo_under_two_processes(tmp_path, tiny_model_dir):
     reports, _ = _torchrun(tmp_path, [
         "--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_dir), "--prompts", str(prompts),
         "--steps", "1", "--out", str(tmp_path / "actor"), "--db", str(tmp_path / "none.db")])
-    _assert_replicas_trained_in_step(reports, n_trained=len(reports[0]["trained"]))
-    assert len(reports[0]["trained"]) >= 1
+    _assert_replicas_trained_in_step(reports, n_trained=2)  # the actor and the critic
     _assert_only_rank_zero_wrote(reports)
     assert (tmp_path / "actor" / "model.safetensors").is_file()
     assert not (tmp_path / "none.db").exists()
@@ -190,8 +190,7 @@ def test_a_round_under_two_processes_records_one_round_and_one_policy(tmp_path, 
     # (tiny_settings quotes the folder, which --set keeps as part of the string: unquoted here)
     settings = [arg for setting in tiny_settings(tmp_path) for arg in ("--set", setting.replace('"', ""))]
     reports, printed = _torchrun(tmp_path, ["--train-round", "--db", str(db), "--model", str(tiny_model_dir), *settings])
-    _assert_replicas_trained_in_step(reports, n_trained=len(reports[0]["trained"]))
-    assert len(reports[0]["trained"]) >= 2  # the reward model, then at least the actor
+    _assert_replicas_trained_in_step(reports, n_trained=3)  # the reward model, then the actor and the critic
     _assert_only_rank_zero_wrote(reports)
     with Store(db) as store:
         assert [p.round for p in store.policies()] == [0, 1]
