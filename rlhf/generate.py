@@ -34,6 +34,8 @@ class AnswerSampling:
     """Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p (1.0 keeps all)."""
     top_k: int = 0
     """Keep only the k most likely tokens before sampling (0 disables it)."""
+    repetition_penalty: float = 1.0
+    """Divide the logits of tokens already in the prompt or answer by this (CTRL's penalty; 1.0 disables it)."""
     batch_size: int = 16
     """Sequences generated together in one left-padded batch."""
     seed: int | None = None
@@ -132,6 +134,7 @@ def _generation_kwargs(sampling: AnswerSampling, eos_ids: list[int], pad_id: int
     kwargs = dict(
         max_new_tokens=sampling.max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True,
         do_sample=not sampling.greedy, num_beams=1,
+        repetition_penalty=sampling.repetition_penalty if sampling.repetition_penalty != 1.0 else None,
     )
     if sampling.greedy:
         # The model's own generation config may carry sampling settings; neutral values keep generate quiet.
@@ -141,9 +144,13 @@ def _generation_kwargs(sampling: AnswerSampling, eos_ids: list[int], pad_id: int
     return kwargs
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], sampling: AnswerSampling) -> TokenBatch:
-    """Generate one response per prompt in a single left-padded batch (no seeding here: see generate_answers)."""
+    """Generate one response per prompt in a single left-padded batch (no seeding here: see generate_answers).
+
+    no_grad rather than inference_mode: PPO feeds these tensors to forward passes that build a graph, which
+    inference tensors refuse. generate_answers, which only decodes, runs under inference_mode.
+    """
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)  # (B, P), (B, P)
@@ -169,6 +176,7 @@ def decode_answers(tokenizer, batch: TokenBatch) -> list[Answer]:
     return answers
 
 
+@torch.inference_mode()
 def generate_answers(
     model,
     tokenizer,
@@ -189,7 +197,8 @@ def generate_answers(
     if sampling.batch_size < 1 or sampling.max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be at least 1, got {sampling}")
     encoded = [encode_prompt(tokenizer, prompt) for prompt in prompts]
-    jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n_per_prompt)), key=lambda ij: len(encoded[ij[0]]))
+    jobs = [(i, j) for i in range(len(prompts)) for j in range(n_per_prompt)]  # (prompt index, sample index)
+    jobs.sort(key=lambda job: len(encoded[job[0]]))
     results: list[list[Answer | None]] = [[None] * n_per_prompt for _ in prompts]
 
     was_training = model.training

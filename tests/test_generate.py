@@ -73,6 +73,19 @@ def test_left_padded_tokens_match_unpadded_tokens(tiny_model, tokenizer):
     assert batch.sequences.shape == batch.attention_mask.shape == (3, len(encoded[1]) + 8)
 
 
+def test_generated_tokens_can_feed_a_training_forward_pass(tiny_model, tokenizer):
+    # PPO gathers the log-probs of the sampled tokens with gradients on and masks them: autograd saves both the
+    # token ids and the mask, which it refuses for tensors made under inference_mode.
+    batch = generate_tokens(tiny_model, tokenizer, [encode_prompt(tokenizer, "Hi")], AnswerSampling(max_new_tokens=3))
+    width = batch.prompt_ids.shape[1]
+    logits = tiny_model(input_ids=batch.sequences, attention_mask=batch.attention_mask).logits  # (1, P + 3, V)
+    log_probs = logits[:, width - 1:-1].log_softmax(-1)  # (1, 3, V): position t predicts token t + 1
+    taken = torch.gather(log_probs, 2, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # (1, 3)
+    (taken * batch.response_mask).sum().backward()
+    assert tiny_model.lm_head.weight.grad is not None
+    tiny_model.zero_grad(set_to_none=True)
+
+
 def test_a_seed_repeats_the_draws_and_leaves_the_callers_random_state_alone(tiny_model, tokenizer):
     sampling = AnswerSampling(max_new_tokens=6, temperature=1.0, seed=7)
     torch.manual_seed(123)
