@@ -187,8 +187,7 @@ def test_a_round_under_two_processes_records_one_round_and_one_policy(tmp_path, 
 
     db = tmp_path / "loop.db"
     seed_votes(db, tiny_model_dir)
-    # (tiny_settings quotes the folder, which --set keeps as part of the string: unquoted here)
-    settings = [arg for setting in tiny_settings(tmp_path) for arg in ("--set", setting.replace('"', ""))]
+    settings = [arg for setting in tiny_settings(tmp_path) for arg in ("--set", setting)]
     reports, printed = _torchrun(tmp_path, ["--train-round", "--db", str(db), "--model", str(tiny_model_dir), *settings])
     _assert_replicas_trained_in_step(reports, n_trained=3)  # the reward model, then the actor and the critic
     _assert_only_rank_zero_wrote(reports)

@@ -24,7 +24,7 @@ def tiny_settings(tmp_path: Path, ppo_steps: int = 1) -> list[str]:
     """Overrides that make a round of the tiny model take seconds."""
     return [
         "round.min_new_pairs=4", "round.min_accuracy=0.0", "round.ppo_prompts=8", "round.next_pairs=6",
-        f"round.checkpoints_dir={tmp_path / 'checkpoints'}".replace("=", "=\"", 1) + "\"",
+        f"round.checkpoints_dir={tmp_path / 'checkpoints'}",  # unquoted: --set keeps quotes as part of a string
         "reward.batch_size=4", "reward.max_length=96", "reward.heldout_fraction=0.25", "reward.min_pairs=4",
         f"ppo.steps={ppo_steps}", "ppo.batch_size=4", "ppo.mini_batch_size=4", "ppo.max_new_tokens=8",
         "sampling.max_new_tokens=12", "sampling.batch_size=8",
