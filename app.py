@@ -160,6 +160,9 @@ def run_target(flag: str, target: str, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from rlhf.distributed import join_launched_processes
+
+    join_launched_processes()  # under torchrun on CPU: one gloo group, not N lone trainers
     return dispatch(args)
 
 

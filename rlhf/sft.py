@@ -294,7 +294,9 @@ def command_sft(args) -> int:
             print(f"app.py --sft: note: rounds have already run (the current policy is round {current.round}). The "
                   "SFT model becomes the reference of the next rounds; they go on from the current policy.",
                   file=sys.stderr)
-        print(f"SFT of {args.model} on {len(examples)} examples from {source}; saving to {out_dir}", file=sys.stderr)
+        if main_process:
+            print(f"SFT of {args.model} on {len(examples)} examples from {source}; saving to {out_dir}",
+                  file=sys.stderr)
         result = train_sft(args.model, examples, config, out_dir)
     except SFTDataError as error:
         print(f"app.py --sft: {error}", file=sys.stderr)
