@@ -16,9 +16,10 @@ so the saved folder scores exactly as the head does; other features cannot be ex
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+import math
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -56,6 +57,67 @@ class StrategyConfig:
     """Tokens per prompt + answer, truncated as the reward model's training data is."""
     reward: RewardTrainConfig = field(default_factory=lambda: RewardTrainConfig(show_progress=False))
     """Settings of the "full" strategy (model, out_dir and heldout_fraction are set by train_strategy)."""
+
+
+@dataclass
+class VotesConfig:
+    """The [votes] section of rlhf-loop.toml: which reward-model strategy a round uses and how it picks pairs."""
+
+    strategy: str = "auto"
+    """"auto" (by vote count, from bench/reward_curve.py), or always "head", "ensemble" or "full"."""
+    full_from_votes: int = 1_000_000
+    """With "auto": fine-tune all weights from this many votes on (the curve never showed full ahead: off)."""
+    ensemble_from_votes: int = 0
+    """With "auto": the mean of bootstrap heads from this many votes on (below it one cross-validated head)."""
+    feature: str = EXPORTABLE_FEATURE
+    """Frozen feature of the head strategies; PPO needs "last@-1", the one that exports as a RewardModel."""
+    n_heads: int = 8
+    """Bootstrap heads (disagreement for active selection; the "ensemble" score)."""
+    cv_folds: int = 5
+    """Cross-validation folds choosing the head's L2 strength."""
+    oversample: int = 4
+    """Answers per prompt when choosing the next sample pairs; 2 turns active selection off (one pair a prompt)."""
+    prompts_per_pair: float = 1.5
+    """Prompts over-sampled per sample pair wanted (each gives at most one pair): room to choose among prompts."""
+    random_share: float = 0.25
+    """Share of the actively chosen batch drawn at random instead (keeps the held-out estimate honest)."""
+    confidence_z: float = 1.96
+    """z of the interval on held-out accuracy; PPO is refused when its lower end is below chance (0.5)."""
+
+
+def choose_strategy(n_votes: int, config: VotesConfig) -> str:
+    """The strategy for a round with `n_votes` preference pairs."""
+    if config.strategy != "auto":
+        if config.strategy not in STRATEGIES:
+            raise ValueError(f"votes.strategy must be auto or one of {', '.join(STRATEGIES)}, not {config.strategy!r}")
+        return config.strategy
+    if n_votes >= config.full_from_votes:
+        return "full"
+    return "ensemble" if n_votes >= config.ensemble_from_votes else "head"
+
+
+def wilson_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion measured on n pairs ((0, 1) when n is 0).
+
+    Hand check: 15 of 20 right, z = 1.96: centre (0.75 + 0.096) / 1.192 = 0.710, half-width
+    1.96 * sqrt(0.75 * 0.25 / 20 + 0.0024) / 1.192 = 0.180 -> (0.531, 0.889).
+    """
+    if n <= 0:
+        return 0.0, 1.0
+    z2 = z * z
+    centre = (accuracy + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(accuracy * (1 - accuracy) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def votes_to_beat_chance(accuracy: float, heldout_fraction: float, z: float = 1.96) -> int | None:
+    """Votes in all at which a model this accurate would have an interval clear of 0.5 (None: at or below 0.5)."""
+    if accuracy <= 0.5 or heldout_fraction <= 0:
+        return None
+    n = 1
+    while wilson_interval(accuracy, n, z)[0] < 0.5:
+        n = n + max(1, n // 8)
+    return math.ceil(n / heldout_fraction)
 
 
 def parse_feature(feature: str) -> tuple[str, int]:
@@ -196,8 +258,10 @@ class TrainedPreferenceModel:
                              f"{EXPORTABLE_FEATURE!r} (last token of the last layer) exports exactly for PPO.")
         path = model.save_pretrained(path, tokenizer=self.extractor.tokenizer)
         save_file({"heads": self.heads.float().contiguous()}, str(path / HEADS_FILE))
+        base = self.extractor.reward_model.info.get("base_model")
         (path / STRATEGY_FILE).write_text(json.dumps({"strategy": self.strategy, "feature": self.feature,
-                                                      "metrics": self.metrics}, indent=2, default=str))
+                                                      "base_model": base, "metrics": self.metrics},
+                                                     indent=2, default=str))
         return path
 
     @classmethod
@@ -208,8 +272,9 @@ class TrainedPreferenceModel:
         reward_model = RewardModel.from_pretrained(path)
         extractor = FeatureExtractor(reward_model, load_reward_tokenizer(None, path), batch_size, max_length)
         heads = load_file(str(path / HEADS_FILE))["heads"].double()
-        if saved["strategy"] == "full":
-            return cls("full", extractor, saved["feature"], None, heads, saved["metrics"], reward_model)
+        if saved["strategy"] == "full":  # the heads were fitted on the frozen base model's features
+            base = FeatureExtractor.from_model(saved["base_model"], batch_size, max_length)
+            return cls("full", base, saved["feature"], None, heads, saved["metrics"], reward_model)
         weight = reward_model.v_head.weight.detach().double().reshape(-1)  # (D,)
         return cls(saved["strategy"], extractor, saved["feature"], weight, heads, saved["metrics"])
 
@@ -245,10 +310,12 @@ def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, 
 
 
 def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config: StrategyConfig | None = None,
-                   extractor: FeatureExtractor | None = None) -> TrainedPreferenceModel:
+                   extractor: FeatureExtractor | None = None,
+                   on_progress: Callable[[dict], None] | None = None) -> TrainedPreferenceModel:
     """Train strategy `name` on the votes `pairs` from the frozen/initial model `base_model`; accuracy held out.
 
-    `extractor` reuses an already loaded backbone (and its feature cache) across calls.
+    `extractor` reuses an already loaded backbone (and its feature cache) across calls; `on_progress` goes to
+    train_reward_model ("full" only).
     """
     config = config or StrategyConfig()
     if name not in STRATEGIES:
@@ -263,12 +330,12 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
     reward_model = None
     if name == "full":
         reward_config = replace(config.reward, model=base_model, out_dir=None, heldout_fraction=0.0)
-        result = train_reward_model(list(train), reward_config)
+        result = train_reward_model(list(train), reward_config, on_progress=on_progress)
         reward_model, weight = result.model, None
         metrics = {**result.metrics, "rm/lambda": metrics["rm/lambda"]}
     model = TrainedPreferenceModel(name, extractor, feature, weight, heads, reward_model=reward_model)
     model.metrics = {**metrics, "rm/strategy": name, "rm/feature": feature, "rm/n_train": len(train),
-                     "rm/n_heldout": len(heldout), "rm/config": asdict(replace(config, reward=None))}
+                     "rm/n_heldout": len(heldout)}
     if heldout:
         model.metrics["rm/heldout_accuracy"] = model.accuracy(heldout)
         prompts, chosen, rejected = _texts(heldout)

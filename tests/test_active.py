@@ -66,3 +66,28 @@ def test_choose_pairs_scores_every_candidate_with_the_model():
     picked = [candidates[i] for i in selection.uncertain]
     # prompt 0: "aa" vs "bb" (same length) is the most uncertain; prompt 1 has a single candidate
     assert picked == [CandidatePair(0, 0, 1), CandidatePair(1, 0, 1)]
+
+
+def test_make_active_pairs_stores_the_pairs_the_chooser_picks(tiny_model_dir):
+    from annotate.pairs import ensure_base_policy, make_active_pairs
+    from annotate.store import Store
+    from rlhf.generate import AnswerSampling
+
+    store = Store(":memory:")
+    store.add_prompts([f"Question number {i}?" for i in range(6)], source="test")
+    policy = ensure_base_policy(store, str(tiny_model_dir))
+    seen = {}
+
+    def chooser(prompts, answers, n, seed):
+        seen.update(prompts=prompts, answers=answers, n=n)
+        return [(0, 0, 3), (2, 1, 2)], 1  # two pairs, the first chosen for uncertainty
+
+    report = make_active_pairs(store, str(tiny_model_dir), None, 2, policy.id, chooser, per_prompt=4,
+                               prompts_per_pair=1.5, sampling=AnswerSampling(max_new_tokens=6, seed=0), seed=0)
+    assert seen["n"] == 2 and len(seen["prompts"]) == 3  # ceil(2 * 1.5) prompts over-sampled
+    assert all(len(answers) == 4 for answers in seen["answers"])
+    assert report.written == 2 and report.stats["active/uncertain"] == 1.0
+    stored = [store.pair(pair_id) for pair_id in range(1, store.count_pairs() + 1)]
+    texts = [{store.generation(p.gen_a).text, store.generation(p.gen_b).text} for p in stored]
+    assert texts == [{seen["answers"][0][0], seen["answers"][0][3]}, {seen["answers"][2][1], seen["answers"][2][2]}]
+    assert all(p.kind == "sample" for p in stored)

@@ -122,3 +122,33 @@ def test_mean_pooling_averages_the_answer_tokens_only(tiny_model_dir):
     n_prompt = len(tokenized.prompt_ids)
     torch.testing.assert_close(features["mean@1"][0], hidden[n_prompt:].mean(0), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(features["last@1"][0], hidden[-1], rtol=1e-4, atol=1e-5)
+
+
+def test_wilson_interval_matches_the_hand_computation():
+    from rlhf.reward_strategies import wilson_interval
+
+    # 15 of 20, z = 1.96: centre (0.75 + 1.96^2 / 40) / (1 + 1.96^2 / 20) = 0.8460 / 1.1921 = 0.7097;
+    # half-width 1.96 * sqrt(0.75 * 0.25 / 20 + 1.96^2 / 1600) / 1.1921 = 1.96 * 0.10856 / 1.1921 = 0.1785
+    low, high = wilson_interval(0.75, 20)
+    assert low == pytest.approx(0.5313, abs=1e-3) and high == pytest.approx(0.8882, abs=1e-3)
+    assert wilson_interval(0.6, 0) == (0.0, 1.0)
+
+
+def test_votes_to_beat_chance_grows_as_accuracy_nears_one_half():
+    from rlhf.reward_strategies import votes_to_beat_chance, wilson_interval
+
+    assert votes_to_beat_chance(0.5, 0.2) is None
+    at_75, at_60 = votes_to_beat_chance(0.75, 0.2), votes_to_beat_chance(0.6, 0.2)
+    assert at_75 < at_60
+    assert wilson_interval(0.75, round(at_75 * 0.2))[0] >= 0.5  # enough held-out pairs at that many votes
+    assert wilson_interval(0.75, 12)[0] < 0.5  # and 12 held-out pairs would not be
+
+
+def test_auto_strategy_follows_the_vote_count():
+    from rlhf.reward_strategies import VotesConfig, choose_strategy
+
+    config = VotesConfig(ensemble_from_votes=100, full_from_votes=500)
+    assert [choose_strategy(n, config) for n in (50, 100, 499, 500)] == ["head", "ensemble", "ensemble", "full"]
+    assert choose_strategy(5, VotesConfig(strategy="full")) == "full"
+    with pytest.raises(ValueError):
+        choose_strategy(5, VotesConfig(strategy="lora"))
