@@ -152,3 +152,27 @@ def test_auto_strategy_follows_the_vote_count():
     assert choose_strategy(5, VotesConfig(strategy="full")) == "full"
     with pytest.raises(ValueError):
         choose_strategy(5, VotesConfig(strategy="lora"))
+
+
+def test_round_refuses_ppo_when_the_interval_reaches_chance_and_says_how_many_votes_more():
+    from types import SimpleNamespace
+
+    from rlhf.config import load_config
+    from rlhf.round import RoundRefused, _check_accuracy
+
+    config = load_config(None, ["round.min_accuracy=0.55", "reward.heldout_fraction=0.2"])
+    plan = SimpleNamespace(round_id=1, preferences=[None] * 40)
+    recorded = {}
+    # 0.75 on 8 held-out pairs: Wilson interval about (0.41, 0.93) reaches chance
+    with pytest.raises(RoundRefused, match=r"about \d+ more votes"):
+        _check_accuracy({"rm/heldout_accuracy": 0.75, "rm/n_heldout": 8}, plan, config, recorded.update, print)
+    assert recorded["rm/heldout_low"] < 0.5 < recorded["rm/heldout_high"]
+    # 0.75 on 100 held-out pairs: (0.66, 0.82) clears it, PPO may run
+    _check_accuracy({"rm/heldout_accuracy": 0.75, "rm/n_heldout": 100}, plan, config, recorded.update, print)
+    assert recorded["rm/heldout_low"] > 0.5
+    # at chance the message falls back on the learning curve
+    with pytest.raises(RoundRefused, match="learning curve"):
+        _check_accuracy({"rm/heldout_accuracy": 0.5, "rm/n_heldout": 100}, plan, config, recorded.update, print)
+    # min_accuracy = 0 turns the refusal off (the tiny-model round tests rely on it)
+    off = load_config(None, ["round.min_accuracy=0.0"])
+    _check_accuracy({"rm/heldout_accuracy": 0.5, "rm/n_heldout": 8}, plan, off, recorded.update, print)
