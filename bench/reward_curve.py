@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import random
 import statistics
 import sys
@@ -38,8 +39,7 @@ from rlhf.reward_strategies import FeatureExtractor, StrategyConfig, fit_feature
 FEATURES = ("last@-1", "mean@-1", "mean@15", "mean@4", "mean@0")
 """SmolLM2-135M has 30 layers: hidden_states[0] is the token embeddings (mean: a bag of words), [15] the middle
 layer, [-1] the final-normed output."""
-STRATEGIES = ("head:last@-1", "ensemble:last@-1", "head:mean@-1", "head:mean@15", "head:mean@4", "head:mean@0",
-              "ensemble:mean@0")
+STRATEGIES = ("head:last@-1", "ensemble:last@-1", "head:mean@-1", "head:mean@15", "head:mean@4", "head:mean@0")
 
 
 def load_features(rows: list[dict], model: str, tag: str) -> tuple[dict[tuple[str, str], int], dict[str, torch.Tensor]]:
@@ -86,11 +86,13 @@ class CurveData:
         return torch.where(wins, fa, fb), torch.where(wins, fb, fa)
 
 
-def fit(data: CurveData, strategy: str, votes: list[int], labels: dict[int, bool], seed: int):
+def fit(data: CurveData, strategy: str, votes: list[int], labels: dict[int, bool], seed: int,
+        with_heads: bool = False):
     """(weight (D,), heads (H, D)) of `kind:feature` on the votes."""
     kind, feature = strategy.split(":")
     chosen, rejected = data.diffs(feature, votes, [labels[i] for i in votes])
-    weight, heads, _ = fit_feature_heads(chosen, rejected, kind, StrategyConfig(seed=seed, n_heads=8))
+    n_heads = 8 if kind == "ensemble" or with_heads else 0
+    weight, heads, _ = fit_feature_heads(chosen, rejected, kind, StrategyConfig(seed=seed, n_heads=n_heads, cv_folds=3))
     return weight, heads
 
 
@@ -128,7 +130,7 @@ def run_seed(data: CurveData, seed: int, sizes: list[int], strategies: list[str]
             continue
         if n > len(shown_active):
             votes = [i for i in shown_active if i in labels]
-            _, heads = fit(data, active_strategy, votes, labels, seed)
+            _, heads = fit(data, active_strategy, votes, labels, seed, with_heads=True)
             remaining = [i for i in pool if i not in set(shown_active)]
             feature = active_strategy.split(":")[1]
             f = data.features[feature]
@@ -163,6 +165,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--features-only", action="store_true", help="extract and cache features, then stop")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = [r for r in read_answers(answers_cache_path(args.per_prompt, args.max_new_tokens, 0))]
@@ -176,10 +179,10 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     strategies = args.strategies.split(",")
     started = time.perf_counter()
-    runs = []
-    for seed in range(args.seeds):
-        runs.append(run_seed(data, seed, sizes, strategies, args.flip, args.active_strategy, args.active_share))
-        print(f"seed {seed} done, {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    jobs = [(data, seed, sizes, strategies, args.flip, args.active_strategy, args.active_share)
+            for seed in range(args.seeds)]
+    with multiprocessing.get_context("fork").Pool(min(args.jobs, args.seeds)) as pool:  # one seed a process
+        runs = pool.starmap(run_seed, jobs)
     curve = {s: {n: summarise([r["curve"][s][n] for r in runs if n in r["curve"].get(s, {})])
                  for n in sizes if any(n in r["curve"].get(s, {}) for r in runs)} for s in strategies}
     arms = {arm: {n: {**summarise([r[arm][n]["accuracy"] for r in runs if n in r[arm]]),

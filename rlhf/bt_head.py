@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-DEFAULT_LAMBDAS = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
+DEFAULT_LAMBDAS = (1e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 """Grid for cross-validation: from nearly unregularised to a head that barely leaves zero."""
 
 

@@ -303,7 +303,10 @@ def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, 
     """(weight (D,), bootstrap heads (H, D), metrics) of a head strategy on training features (N, D) each."""
     diffs = train_chosen - train_rejected  # (N, D)
     fit = bt_head.fit_head(diffs, k=config.cv_folds, seed=config.seed)
-    heads = bt_head.fit_bootstrap_heads(diffs, fit.lam, config.n_heads, seed=config.seed)  # (H, D)
+    if config.n_heads > 0:
+        heads = bt_head.fit_bootstrap_heads(diffs, fit.lam, config.n_heads, seed=config.seed)  # (H, D)
+    else:  # no disagreement wanted (the curve bench's single heads): the one head alone
+        heads = fit.weight[None, :]  # (1, D)
     weight = heads.mean(0) if strategy == "ensemble" else fit.weight  # (D,)
     metrics = {"rm/lambda": fit.lam, "rm/accuracy": bt_head.pair_accuracy(weight, train_chosen, train_rejected)}
     return weight, heads, metrics
