@@ -66,9 +66,11 @@ class VotesConfig:
     strategy: str = "auto"
     """"auto" (by vote count, from bench/reward_curve.py), or always "head", "ensemble" or "full"."""
     full_from_votes: int = 1_000_000
-    """With "auto": fine-tune all weights from this many votes on (the curve never showed full ahead: off)."""
-    ensemble_from_votes: int = 0
-    """With "auto": the mean of bootstrap heads from this many votes on (below it one cross-validated head)."""
+    """With "auto": fine-tune all weights from this many votes on. Off: full fine-tuning sat at chance at 89 votes
+    (issue 8) and the curve bench could not afford it on CPU."""
+    ensemble_from_votes: int = 64
+    """With "auto": the mean of bootstrap heads from this many votes on (below it one cross-validated head; the curve
+    had them level at 32 votes and the ensemble a point or two ahead at 64-128)."""
     feature: str = EXPORTABLE_FEATURE
     """Frozen feature of the head strategies; PPO needs "last@-1", the one that exports as a RewardModel."""
     n_heads: int = 8
