@@ -9,6 +9,7 @@ Everything goes through the Store; this module writes no SQL.
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,10 @@ from rlhf.generate import Answer, AnswerSampling, generate_answers
 
 PairsProgress = Callable[[int, int], None]
 """Called as progress(prompts_done, prompts_total) after each batch; each prompt gives at most one pair."""
+
+PairChooser = Callable[[list[str], list[list[str]], int, int], tuple[list[tuple[int, int, int]], int]]
+"""chooser(prompts, answers_per_prompt, n, seed) -> ([(prompt_index, answer_i, answer_j), ...] in queue order,
+how many of them were chosen for uncertainty rather than at random); see rlhf.active.choose_pairs."""
 
 OPPONENT_SEED_OFFSET = 1_000_003
 """Added to the seed for the earlier policy's answers: the same draws for both would make similar policies write
@@ -197,6 +202,44 @@ def make_pairs(
         if progress is not None:
             progress(start + len(chunk), len(prompts))
     bar.close()
+    return report
+
+
+def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, policy_id: int, chooser: PairChooser,
+                      per_prompt: int = 4, prompts_per_pair: float = 1.5, sampling: AnswerSampling | None = None,
+                      seed: int | None = None, show_bar: bool = False) -> PairsReport:
+    """Over-sample `per_prompt` answers for ceil(n_pairs * prompts_per_pair) least-used prompts; store as `sample`
+    pairs the ones `chooser` picks (the reward model's most uncertain, plus a random share).
+
+    Only the chosen pairs' answers are stored. report.stats["active/uncertain"] counts the pairs chosen for
+    uncertainty (before any were dropped as identical or empty).
+    """
+    rng = random.Random(seed)
+    sampling = sampling or AnswerSampling()
+    policy = store.policy(policy_id)
+    report = PairsReport(policy_id=policy.id)
+    prompts = select_prompts(store, math.ceil(n_pairs * prompts_per_pair), "least_used", rng) if n_pairs > 0 else []
+    if not prompts:
+        return report
+    model = model_path_or_model
+    if isinstance(model, str) or hasattr(model, "__fspath__"):
+        model, loaded_tokenizer = load_policy_model(str(model))
+        tokenizer = tokenizer or loaded_tokenizer
+    result = generate_answers(model, tokenizer, [p.text for p in prompts], n_per_prompt=per_prompt,
+                              sampling=sampling, show_bar=show_bar)
+    _merge_stats(report.stats, result.stats)
+    texts = [[answer.text for answer in answers] for answers in result.answers]
+    picked, n_uncertain = chooser([p.text for p in prompts], texts, n_pairs, rng.randrange(2**31))
+    new_pairs = []
+    for prompt_index, i, j in picked:
+        first, second = result.answers[prompt_index][i], result.answers[prompt_index][j]
+        if not usable(first, second, report):
+            continue
+        a, b = (first, second) if rng.random() < 0.5 else (second, first)
+        new_pairs.append(NewPair(prompts[prompt_index].id, _stored(a, policy.id), _stored(b, policy.id), kind="sample"))
+    store.add_pairs_bulk(new_pairs)
+    report.written = report.sample = len(new_pairs)
+    report.stats["active/uncertain"] = float(n_uncertain)
     return report
 
 

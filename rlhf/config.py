@@ -30,6 +30,7 @@ else:  # pragma: no cover - Python 3.10
 
 from rlhf.generate import AnswerSampling
 from rlhf.ppo import PPOConfig
+from rlhf.reward_strategies import VotesConfig
 from rlhf.reward_train import RewardTrainConfig
 
 DEFAULT_CONFIG_FILE = "rlhf-loop.toml"
@@ -67,6 +68,8 @@ class LoopConfig:
     reward: RewardTrainConfig = field(default_factory=RewardTrainConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     sampling: AnswerSampling = field(default_factory=AnswerSampling)
+    votes: VotesConfig = field(default_factory=VotesConfig)
+    """Reward-model strategy by vote count and active choice of the next pairs (rlhf.reward_strategies)."""
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {section.name: _jsonable(dataclasses.asdict(getattr(self, section.name)))

@@ -1,0 +1,216 @@
+"""Learning curves of reward-model strategies from few votes, and active against random pair choice.
+
+Data: the default model's answers to the shipped prompts (bench/curve_data.py: 4 samples a prompt, cached under
+data/cache/), every pair of distinct answers of a prompt a candidate, labelled by a simulated annotator (default
+`polite`). Per seeded split: a quarter of the prompts is held out; their pairs, labelled WITHOUT noise, measure
+accuracy; training votes come from the other prompts' pairs with a share `--flip` of votes flipped. Ties (the
+rule cannot tell the answers apart) are not votes. Features of every answer are computed once under inference
+mode and cached, so each strategy's fit takes seconds.
+
+Active column: the budget counts pairs SHOWN (a tie costs a showing and yields no vote, for both arms). Both arms
+start from the same random 32; random then shows further random pairs, active queues the pairs its bootstrap
+ensemble disagrees on most, plus a random share. Ends with one JSON line.
+
+    python bench/curve_data.py --max-new-tokens 64        # once (minutes on CPU), resumable
+    python bench/reward_curve.py --seeds 5 --sizes 32,64,128,200,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from annotate.simulate import resolve_judge  # noqa: E402
+from bench.curve_data import CACHE_DIR, answers_cache_path, read_answers  # noqa: E402
+from rlhf import bt_head  # noqa: E402
+from rlhf.active import candidate_pairs, select_pairs  # noqa: E402
+from rlhf.reward_strategies import FeatureExtractor, StrategyConfig, fit_feature_heads  # noqa: E402
+
+FEATURES = ("last@-1", "mean@-1", "mean@15", "mean@4", "mean@0")
+"""SmolLM2-135M has 30 layers: hidden_states[0] is the token embeddings (mean: a bag of words), [15] the middle
+layer, [-1] the final-normed output."""
+STRATEGIES = ("head:last@-1", "ensemble:last@-1", "head:mean@-1", "head:mean@15", "head:mean@4", "head:mean@0")
+
+
+def load_features(rows: list[dict], model: str, tag: str) -> tuple[dict[tuple[str, str], int], dict[str, torch.Tensor]]:
+    """(index of each (prompt, answer), {feature: (N, D)}), computing only answers not in the cache file yet."""
+    path = CACHE_DIR / f"curve-features-{tag}.pt"
+    saved = torch.load(path) if path.is_file() else {"keys": [], "features": {f: torch.empty(0) for f in FEATURES}}
+    keys = [tuple(k) for k in saved["keys"]]
+    known = set(keys)
+    missing = list(dict.fromkeys((r["prompt"], a) for r in rows for a in r["answers"] if (r["prompt"], a) not in known))
+    if missing:
+        print(f"features of {len(missing)} answers ...", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        extractor = FeatureExtractor.from_model(model, batch_size=16)
+        new = extractor.compute([p for p, _ in missing], [a for _, a in missing], FEATURES)
+        saved["features"] = {f: torch.cat([saved["features"][f].reshape(-1, new[f].shape[1]), new[f]])
+                             for f in FEATURES}
+        keys += missing
+        saved["keys"] = keys
+        torch.save(saved, path)
+        print(f"... {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    return {k: i for i, k in enumerate(keys)}, saved["features"]
+
+
+class CurveData:
+    """Candidates, their noiseless labels and the feature rows of both answers."""
+
+    def __init__(self, rows: list[dict], index: dict, features: dict[str, torch.Tensor], judge):
+        self.features = features
+        self.candidates = candidate_pairs([r["answers"] for r in rows])
+        self.prompt_of = [c.prompt_index for c in self.candidates]
+        texts = [(rows[c.prompt_index]["prompt"], rows[c.prompt_index]["answers"][c.a],
+                  rows[c.prompt_index]["answers"][c.b]) for c in self.candidates]
+        self.truth = [judge(p, a, b) for p, a, b in texts]  # "a", "b" or "tie"
+        self.row_a = torch.tensor([index[(p, a)] for p, a, _ in texts])  # (C,)
+        self.row_b = torch.tensor([index[(p, b)] for p, _, b in texts])  # (C,)
+        self.n_prompts = len(rows)
+
+    def diffs(self, feature: str, candidates: list[int], a_wins: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(chosen (N, D), rejected (N, D)) features of the given votes."""
+        f = self.features[feature]
+        idx = torch.tensor(candidates)
+        fa, fb = f[self.row_a[idx]], f[self.row_b[idx]]  # (N, D) each
+        wins = torch.tensor(a_wins)[:, None]
+        return torch.where(wins, fa, fb), torch.where(wins, fb, fa)
+
+
+def fit(data: CurveData, strategy: str, votes: list[int], labels: dict[int, bool], seed: int,
+        with_heads: bool = False):
+    """(weight (D,), heads (H, D)) of `kind:feature` on the votes."""
+    kind, feature = strategy.split(":")
+    chosen, rejected = data.diffs(feature, votes, [labels[i] for i in votes])
+    n_heads = 8 if kind == "ensemble" or with_heads else 0
+    weight, heads, _ = fit_feature_heads(chosen, rejected, kind, StrategyConfig(seed=seed, n_heads=n_heads, cv_folds=3))
+    return weight, heads
+
+
+def accuracy(data: CurveData, strategy: str, weight: torch.Tensor, evaluation: list[int]) -> float:
+    feature = strategy.split(":")[1]
+    chosen, rejected = data.diffs(feature, evaluation, [data.truth[i] == "a" for i in evaluation])
+    return bt_head.pair_accuracy(weight, chosen, rejected)
+
+
+def run_seed(data: CurveData, seed: int, sizes: list[int], strategies: list[str], flip: float,
+             active_strategy: str, active_share: float) -> dict:
+    rng = random.Random(seed)
+    prompts = list(range(data.n_prompts))
+    rng.shuffle(prompts)
+    heldout = set(prompts[:max(1, data.n_prompts // 4)])
+    evaluation = [i for i, p in enumerate(data.prompt_of) if p in heldout and data.truth[i] != "tie"]
+    pool = [i for i, p in enumerate(data.prompt_of) if p not in heldout]
+    # one noisy label per candidate and seed: a pair shown in both arms gets the same vote
+    labels = {i: (data.truth[i] == "a") ^ (rng.random() < flip) for i in pool if data.truth[i] != "tie"}
+    order = pool[:]
+    rng.shuffle(order)
+    votes_order = [i for i in order if i in labels]
+    result = {"n_eval": len(evaluation), "n_pool_votes": len(votes_order), "curve": {}, "active": {}, "random": {}}
+    for n in sizes:
+        if n > len(votes_order):
+            continue
+        for strategy in strategies:
+            weight, _ = fit(data, strategy, votes_order[:n], labels, seed)
+            result["curve"].setdefault(strategy, {})[n] = accuracy(data, strategy, weight, evaluation)
+    # active against random, budget = pairs shown (ties included)
+    shown_random = order
+    shown_active = order[:sizes[0]]
+    for n in sizes:
+        if n > len(order):
+            continue
+        if n > len(shown_active):
+            votes = [i for i in shown_active if i in labels]
+            _, heads = fit(data, active_strategy, votes, labels, seed, with_heads=True)
+            remaining = [i for i in pool if i not in set(shown_active)]
+            feature = active_strategy.split(":")[1]
+            f = data.features[feature]
+            idx = torch.tensor(remaining)
+            spread = bt_head.ensemble_disagreement(heads, f[data.row_a[idx]], f[data.row_b[idx]])  # (R,)
+            picked = select_pairs(spread, [data.prompt_of[i] for i in remaining], n - len(shown_active),
+                                  active_share, seed=seed + n, max_per_prompt=2)
+            shown_active = shown_active + [remaining[j] for j in picked.all]
+        for arm, shown in (("active", shown_active[:n]), ("random", shown_random[:n])):
+            votes = [i for i in shown if i in labels]
+            weight, _ = fit(data, active_strategy, votes, labels, seed)
+            result[arm][n] = {"accuracy": accuracy(data, active_strategy, weight, evaluation), "votes": len(votes)}
+    return result
+
+
+def summarise(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+            "n": len(values)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--annotator", default="polite", help="built-in rule or module:function")
+    parser.add_argument("--flip", type=float, default=0.25, help="share of training votes flipped")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--sizes", default="32,64,128,200,256")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--active-strategy", default="ensemble:last@-1")
+    parser.add_argument("--active-share", type=float, default=0.25, help="random share of each active batch")
+    parser.add_argument("--per-prompt", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--features-only", action="store_true", help="extract and cache features, then stop")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = [r for r in read_answers(answers_cache_path(args.per_prompt, args.max_new_tokens, 0))]
+    if not rows:
+        print("No cached answers: run python bench/curve_data.py first.", file=sys.stderr)
+        return 2
+    index, features = load_features(rows, args.model, f"{Path(str(args.model)).name}-t{args.max_new_tokens}")
+    if args.features_only:
+        return 0
+    data = CurveData(rows, index, features, resolve_judge(args.annotator))
+    sizes = [int(s) for s in args.sizes.split(",")]
+    strategies = args.strategies.split(",")
+    started = time.perf_counter()
+    jobs = [(data, seed, sizes, strategies, args.flip, args.active_strategy, args.active_share)
+            for seed in range(args.seeds)]
+    with multiprocessing.get_context("fork").Pool(min(args.jobs, args.seeds)) as pool:  # one seed a process
+        runs = pool.starmap(run_seed, jobs)
+    curve = {s: {n: summarise([r["curve"][s][n] for r in runs if n in r["curve"].get(s, {})])
+                 for n in sizes if any(n in r["curve"].get(s, {}) for r in runs)} for s in strategies}
+    arms = {arm: {n: {**summarise([r[arm][n]["accuracy"] for r in runs if n in r[arm]]),
+                      "votes": statistics.fmean([r[arm][n]["votes"] for r in runs if n in r[arm]])}
+                  for n in sizes if any(n in r[arm] for r in runs)} for arm in ("active", "random")}
+    ties = sum(t == "tie" for t in data.truth) / len(data.truth)
+    print(f"\n{len(rows)} prompts, {len(data.candidates)} candidate pairs ({ties:.0%} ties), annotator "
+          f"{args.annotator} with {args.flip:.0%} flips for training, noiseless for evaluation; "
+          f"{statistics.fmean(r['n_eval'] for r in runs):.0f} held-out pairs; {args.seeds} seeds (mean +- std)")
+    print(f"{'strategy':<20}" + "".join(f"{n:>14}" for n in sizes))
+    for s in strategies:
+        print(f"{s:<20}" + "".join(f"{curve[s][n]['mean']:>8.1%} ±{curve[s][n]['std']:>4.1%}" if n in curve[s]
+                                    else f"{'-':>14}" for n in sizes))
+    print(f"\nshown pairs -> accuracy ({args.active_strategy}; votes = a/b answers among them)")
+    for arm in ("random", "active"):
+        print(f"{arm:<20}" + "".join(
+            f"{arms[arm][n]['mean']:>7.1%} ({arms[arm][n]['votes']:.0f})" if n in arms[arm] else f"{'-':>14}"
+            for n in sizes))
+    print(json.dumps({"bench": "reward_curve", "annotator": args.annotator, "flip": args.flip, "seeds": args.seeds,
+                      "prompts": len(rows), "candidates": len(data.candidates), "tie_share": round(ties, 3),
+                      "n_eval": statistics.fmean(r["n_eval"] for r in runs),
+                      "curve": {s: {n: round(v["mean"], 4) for n, v in c.items()} for s, c in curve.items()},
+                      "curve_std": {s: {n: round(v["std"], 4) for n, v in c.items()} for s, c in curve.items()},
+                      "shown_random": {n: round(v["mean"], 4) for n, v in arms["random"].items()},
+                      "shown_active": {n: round(v["mean"], 4) for n, v in arms["active"].items()},
+                      "seconds": round(time.perf_counter() - started, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

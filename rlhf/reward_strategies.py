@@ -1,0 +1,348 @@
+"""Reward-model strategies for few votes, behind one interface the round and the curve bench choose from.
+
+- "head": the policy's backbone stays frozen; each answer's features (hidden states of one layer, pooled at the
+  last token or averaged over the answer) are computed once under inference mode, and a Bradley-Terry head is
+  fitted on feature differences with its L2 strength chosen by cross-validation (rlhf.bt_head).
+- "ensemble": the same features, the score of the mean of bootstrap heads (a linear head too).
+- "full": every weight fine-tuned by rlhf.reward_train.train_reward_model (as TRL does).
+
+Every trained model scores answers, gives P(a preferred to b) and a disagreement per pair (the spread of bootstrap
+heads on the frozen features, also for "full", so active selection works whatever scores), and saves a folder that
+`RewardModel.from_pretrained` loads for PPO. The exact bridge: with the last layer's last-token feature
+("last@-1") a head IS a v_head on the backbone (RewardModel scores the last real token of the last hidden state),
+so the saved folder scores exactly as the head does; other features cannot be exported and say so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from rlhf import bt_head
+from rlhf.reward import RewardModel, load_reward_model, load_reward_tokenizer
+from rlhf.reward_data import PairLike, PreferencePair, split_pairs, tokenize_pairs
+from rlhf.reward_train import RewardTrainConfig, train_reward_model
+
+STRATEGIES = ("head", "ensemble", "full")
+EXPORTABLE_FEATURE = "last@-1"
+"""The feature whose head is exactly a RewardModel v_head: last real token of the last layer (after the final norm)."""
+HEADS_FILE = "bt_heads.safetensors"
+STRATEGY_FILE = "preference_strategy.json"
+
+
+@dataclass
+class StrategyConfig:
+    """How a preference model is trained from votes (any strategy)."""
+
+    feature: str = EXPORTABLE_FEATURE
+    """Pooling@layer of the frozen features: "last@-1" (exportable), "mean@-1", "mean@15", ... (hidden_states index)."""
+    heldout_fraction: float = 0.2
+    """Share of votes held out (seeded split by pair, as train_reward_model does) to measure accuracy."""
+    seed: int = 0
+    """Seeds the split, the folds and the bootstrap."""
+    cv_folds: int = 5
+    """Folds of the cross-validation that picks the L2 strength."""
+    n_heads: int = 8
+    """Bootstrap heads of the ensemble (disagreement; the "ensemble" score is their mean)."""
+    batch_size: int = 16
+    """Answers per forward pass when extracting features."""
+    max_length: int = 512
+    """Tokens per prompt + answer, truncated as the reward model's training data is."""
+    reward: RewardTrainConfig = field(default_factory=lambda: RewardTrainConfig(show_progress=False))
+    """Settings of the "full" strategy (model, out_dir and heldout_fraction are set by train_strategy)."""
+
+
+@dataclass
+class VotesConfig:
+    """The [votes] section of rlhf-loop.toml: which reward-model strategy a round uses and how it picks pairs."""
+
+    strategy: str = "auto"
+    """"auto" (by vote count, from bench/reward_curve.py), or always "head", "ensemble" or "full"."""
+    full_from_votes: int = 1_000_000
+    """With "auto": fine-tune all weights from this many votes on. Off: full fine-tuning sat at chance at 89 votes
+    (issue 8) and the curve bench could not afford it on CPU."""
+    ensemble_from_votes: int = 64
+    """With "auto": the mean of bootstrap heads from this many votes on (below it one cross-validated head; the curve
+    had them level at 32 votes and the ensemble a point or two ahead at 64-128)."""
+    feature: str = EXPORTABLE_FEATURE
+    """Frozen feature of the head strategies; PPO needs "last@-1", the one that exports as a RewardModel."""
+    n_heads: int = 8
+    """Bootstrap heads (disagreement for active selection; the "ensemble" score)."""
+    cv_folds: int = 5
+    """Cross-validation folds choosing the head's L2 strength."""
+    oversample: int = 4
+    """Answers per prompt when choosing the next sample pairs; 2 turns active selection off (one pair a prompt)."""
+    prompts_per_pair: float = 1.5
+    """Prompts over-sampled per sample pair wanted (each gives at most one pair): room to choose among prompts."""
+    random_share: float = 0.25
+    """Share of the actively chosen batch drawn at random instead (keeps the held-out estimate honest)."""
+    confidence_z: float = 1.96
+    """z of the interval on held-out accuracy; PPO is refused when its lower end is below chance (0.5)."""
+
+
+def choose_strategy(n_votes: int, config: VotesConfig) -> str:
+    """The strategy for a round with `n_votes` preference pairs."""
+    if config.strategy != "auto":
+        if config.strategy not in STRATEGIES:
+            raise ValueError(f"votes.strategy must be auto or one of {', '.join(STRATEGIES)}, not {config.strategy!r}")
+        return config.strategy
+    if n_votes >= config.full_from_votes:
+        return "full"
+    return "ensemble" if n_votes >= config.ensemble_from_votes else "head"
+
+
+def wilson_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion measured on n pairs ((0, 1) when n is 0).
+
+    Hand check: 15 of 20 right, z = 1.96: centre (0.75 + 0.096) / 1.192 = 0.710, half-width
+    1.96 * sqrt(0.75 * 0.25 / 20 + 0.0024) / 1.192 = 0.180 -> (0.531, 0.889).
+    """
+    if n <= 0:
+        return 0.0, 1.0
+    z2 = z * z
+    centre = (accuracy + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(accuracy * (1 - accuracy) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def votes_to_beat_chance(accuracy: float, heldout_fraction: float, z: float = 1.96) -> int | None:
+    """Votes in all at which a model this accurate would have an interval clear of 0.5 (None: at or below 0.5)."""
+    if accuracy <= 0.5 or heldout_fraction <= 0:
+        return None
+    n = 1
+    while wilson_interval(accuracy, n, z)[0] < 0.5:
+        n = n + max(1, n // 8)
+    return math.ceil(n / heldout_fraction)
+
+
+def parse_feature(feature: str) -> tuple[str, int]:
+    """"mean@-1" -> ("mean", -1); pooling is "last" or "mean", the layer an index into hidden_states."""
+    pooling, _, layer = feature.partition("@")
+    if pooling not in ("last", "mean") or not layer.lstrip("-").isdigit():
+        raise ValueError(f"feature must look like 'last@-1' or 'mean@12' (pooling@layer), not {feature!r}")
+    return pooling, int(layer)
+
+
+class FeatureExtractor:
+    """Pooled hidden states of a frozen backbone for (prompt, answer) texts, each text pair computed once."""
+
+    def __init__(self, reward_model: RewardModel, tokenizer, batch_size: int = 16, max_length: int = 512):
+        self.reward_model = reward_model.eval()
+        self.reward_model.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self._cache: dict[tuple[str, str, str], torch.Tensor] = {}
+
+    @classmethod
+    def from_model(cls, model: str, batch_size: int = 16, max_length: int = 512) -> "FeatureExtractor":
+        """The backbone of a causal LM (base or policy) or of a saved reward model folder."""
+        from rlhf.models import resolve_model_path
+
+        path = resolve_model_path(model)
+        return cls(load_reward_model(None, path), load_reward_tokenizer(None, path), batch_size, max_length)
+
+    def features(self, prompts: Sequence[str], answers: Sequence[str], feature: str) -> torch.Tensor:
+        """(N, D) float32 features of each prompt + answer."""
+        keys = [(feature, p, a) for p, a in zip(prompts, answers)]
+        missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
+        if missing:
+            computed = self.compute([k[1] for k in missing], [k[2] for k in missing], [feature])[feature]
+            self._cache.update(zip(missing, computed))
+        return torch.stack([self._cache[k] for k in keys])  # (N, D)
+
+    @torch.inference_mode()
+    def compute(self, prompts: Sequence[str], answers: Sequence[str], features: Sequence[str]) -> dict:
+        """{feature: (N, D)} for several features from one pass per batch (uncached: the bench stores its own)."""
+        from rlhf.reward import position_ids_from_mask
+
+        specs = {f: parse_feature(f) for f in features}
+        tokenized = tokenize_pairs(self.tokenizer, [PreferencePair(p, a, a) for p, a in zip(prompts, answers)],
+                                   self.max_length)
+        rows = [(t.prompt_ids + t.chosen_answer_ids, len(t.prompt_ids)) for t in tokenized]
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))  # similar lengths batch with little padding
+        out = {f: [None] * len(rows) for f in features}
+        pad = self.tokenizer.pad_token_id
+        device = next(self.reward_model.parameters()).device
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            width = max(len(rows[i][0]) for i in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, L) right-padded
+            mask = torch.zeros((len(batch), width), dtype=torch.long)  # (B, L)
+            answer_mask = torch.zeros((len(batch), width))  # (B, L) 1 on answer tokens (EOS included)
+            for r, i in enumerate(batch):
+                tokens, prompt_len = rows[i]
+                ids[r, :len(tokens)] = torch.tensor(tokens)
+                mask[r, :len(tokens)] = 1
+                answer_mask[r, prompt_len:len(tokens)] = 1
+            ids, mask = ids.to(device), mask.to(device)
+            hidden_states = self.reward_model.backbone(
+                input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                output_hidden_states=True, use_cache=False,
+            ).hidden_states  # tuple of (B, L, D), embeddings first, the final-normed output last
+            last = mask.sum(1) - 1  # (B,) last real token (right padding)
+            for name, (pooling, layer) in specs.items():
+                hidden = hidden_states[layer].float().cpu()  # (B, L, D)
+                if pooling == "last":
+                    pooled = hidden[torch.arange(len(batch)), last.cpu()]  # (B, D)
+                else:
+                    pooled = (hidden * answer_mask.unsqueeze(-1)).sum(1) / answer_mask.sum(1, keepdim=True)  # (B, D)
+                for r, i in enumerate(batch):
+                    out[name][i] = pooled[r].clone()
+        return {name: torch.stack(values) for name, values in out.items()}  # (N, D) each
+
+
+def _texts(pairs: Sequence[PairLike]) -> tuple[list[str], list[str], list[str]]:
+    return [p.prompt for p in pairs], [p.chosen for p in pairs], [p.rejected for p in pairs]
+
+
+@dataclass
+class TrainedPreferenceModel:
+    """A strategy's trained model: scores, P(a > b), disagreement, held-out accuracy, saving for PPO."""
+
+    strategy: str
+    extractor: FeatureExtractor
+    feature: str
+    weight: torch.Tensor | None
+    """(D,) the linear head on `feature` (None for "full", which scores with `reward_model`)."""
+    heads: torch.Tensor
+    """(H, D) bootstrap heads on `feature`: the disagreement."""
+    metrics: dict = field(default_factory=dict)
+    """rm/strategy, rm/heldout_accuracy, rm/n_train, rm/n_heldout, rm/lambda, rm/train_accuracy, ..."""
+    reward_model: RewardModel | None = None
+    """The fine-tuned model of "full"."""
+
+    @property
+    def heldout_accuracy(self) -> float | None:
+        return self.metrics.get("rm/heldout_accuracy")
+
+    def score(self, prompts: Sequence[str], answers: Sequence[str]) -> torch.Tensor:
+        """(N,) reward of each answer to its prompt."""
+        if self.reward_model is not None:
+            return score_with_reward_model(self.reward_model, self.extractor.tokenizer, prompts, answers)
+        return (self.extractor.features(prompts, answers, self.feature).double() @ self.weight).float()  # (N,)
+
+    def prob_prefers(self, prompts: Sequence[str], answers_a: Sequence[str], answers_b: Sequence[str]) -> torch.Tensor:
+        """(N,) P(a preferred to b) = sigmoid(score(a) - score(b))."""
+        return torch.sigmoid(self.score(prompts, answers_a) - self.score(prompts, answers_b))
+
+    def disagreement(self, prompts: Sequence[str], answers_a: Sequence[str], answers_b: Sequence[str]) -> torch.Tensor:
+        """(N,) spread (std) of the bootstrap heads' P(a > b): how little the votes so far pin this pair down."""
+        fa = self.extractor.features(prompts, answers_a, self.feature)  # (N, D)
+        fb = self.extractor.features(prompts, answers_b, self.feature)  # (N, D)
+        return bt_head.ensemble_disagreement(self.heads, fa, fb).float()
+
+    def accuracy(self, pairs: Sequence[PairLike]) -> float:
+        """Share of pairs whose chosen answer scores strictly higher."""
+        prompts, chosen, rejected = _texts(pairs)
+        return float((self.score(prompts, chosen) > self.score(prompts, rejected)).float().mean())
+
+    def save(self, path: str | Path) -> Path:
+        """A RewardModel folder (for PPO and RewardModel.from_pretrained) plus the bootstrap heads and settings."""
+        if self.reward_model is not None:
+            model = self.reward_model
+        elif self.feature == EXPORTABLE_FEATURE:
+            backbone = self.extractor.reward_model.backbone
+            v_head = nn.Linear(self.weight.shape[0], 1, bias=False)
+            with torch.no_grad():
+                v_head.weight.copy_(self.weight.reshape(1, -1).to(v_head.weight.dtype))
+            model = RewardModel(backbone, v_head, info={**self.extractor.reward_model.info,
+                                                        "strategy": self.strategy})
+        else:
+            raise ValueError(f"A head on {self.feature!r} features is not a RewardModel v_head; only "
+                             f"{EXPORTABLE_FEATURE!r} (last token of the last layer) exports exactly for PPO.")
+        path = model.save_pretrained(path, tokenizer=self.extractor.tokenizer)
+        save_file({"heads": self.heads.float().contiguous()}, str(path / HEADS_FILE))
+        base = self.extractor.reward_model.info.get("base_model")
+        (path / STRATEGY_FILE).write_text(json.dumps({"strategy": self.strategy, "feature": self.feature,
+                                                      "base_model": base, "metrics": self.metrics},
+                                                     indent=2, default=str))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, batch_size: int = 16, max_length: int = 512) -> "TrainedPreferenceModel":
+        """Read a folder written by `save`; a head strategy scores with the folder's v_head (the same numbers)."""
+        path = Path(path)
+        saved = json.loads((path / STRATEGY_FILE).read_text())
+        reward_model = RewardModel.from_pretrained(path)
+        extractor = FeatureExtractor(reward_model, load_reward_tokenizer(None, path), batch_size, max_length)
+        heads = load_file(str(path / HEADS_FILE))["heads"].double()
+        if saved["strategy"] == "full":  # the heads were fitted on the frozen base model's features
+            base = FeatureExtractor.from_model(saved["base_model"], batch_size, max_length)
+            return cls("full", base, saved["feature"], None, heads, saved["metrics"], reward_model)
+        weight = reward_model.v_head.weight.detach().double().reshape(-1)  # (D,)
+        return cls(saved["strategy"], extractor, saved["feature"], weight, heads, saved["metrics"])
+
+
+@torch.inference_mode()
+def score_with_reward_model(model: RewardModel, tokenizer, prompts: Sequence[str], answers: Sequence[str],
+                            batch_size: int = 16, max_length: int = 512) -> torch.Tensor:
+    """(N,) RewardModel scores of prompt + answer + EOS, tokenised as the reward model's training data is."""
+    from rlhf.reward_data import PairCollator
+
+    model.eval()
+    tokenized = tokenize_pairs(tokenizer, [PreferencePair(p, a, a) for p, a in zip(prompts, answers)], max_length)
+    collate = PairCollator(tokenizer.pad_token_id)
+    device = next(model.parameters()).device
+    scores = []
+    for start in range(0, len(tokenized), batch_size):
+        batch = collate(tokenized[start:start + batch_size])  # chosen rows then the same again as "rejected"
+        n = len(tokenized[start:start + batch_size])
+        output = model.forward_value(batch["input_ids"][:n].to(device), batch["attention_mask"][:n].to(device))
+        scores.append(output.scores.float().cpu())  # (n,)
+    return torch.cat(scores)  # (N,)
+
+
+def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, strategy: str,
+                      config: StrategyConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(weight (D,), bootstrap heads (H, D), metrics) of a head strategy on training features (N, D) each."""
+    diffs = train_chosen - train_rejected  # (N, D)
+    fit = bt_head.fit_head(diffs, k=config.cv_folds, seed=config.seed)
+    if config.n_heads > 0:
+        heads = bt_head.fit_bootstrap_heads(diffs, fit.lam, config.n_heads, seed=config.seed)  # (H, D)
+    else:  # no disagreement wanted (the curve bench's single heads): the one head alone
+        heads = fit.weight[None, :]  # (1, D)
+    weight = heads.mean(0) if strategy == "ensemble" else fit.weight  # (D,)
+    metrics = {"rm/lambda": fit.lam, "rm/accuracy": bt_head.pair_accuracy(weight, train_chosen, train_rejected)}
+    return weight, heads, metrics
+
+
+def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config: StrategyConfig | None = None,
+                   extractor: FeatureExtractor | None = None,
+                   on_progress: Callable[[dict], None] | None = None) -> TrainedPreferenceModel:
+    """Train strategy `name` on the votes `pairs` from the frozen/initial model `base_model`; accuracy held out.
+
+    `extractor` reuses an already loaded backbone (and its feature cache) across calls; `on_progress` goes to
+    train_reward_model ("full" only).
+    """
+    config = config or StrategyConfig()
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {name!r}")
+    train, heldout = split_pairs(pairs, config.heldout_fraction, config.seed)
+    extractor = extractor or FeatureExtractor.from_model(base_model, config.batch_size, config.max_length)
+    feature = EXPORTABLE_FEATURE if name == "full" else config.feature
+    prompts, chosen, rejected = _texts(train)
+    fc = extractor.features(prompts, chosen, feature)  # (N, D)
+    fr = extractor.features(prompts, rejected, feature)  # (N, D)
+    weight, heads, metrics = fit_feature_heads(fc, fr, name, config)
+    reward_model = None
+    if name == "full":
+        reward_config = replace(config.reward, model=base_model, out_dir=None, heldout_fraction=0.0)
+        result = train_reward_model(list(train), reward_config, on_progress=on_progress)
+        reward_model, weight = result.model, None
+        metrics = {**result.metrics, "rm/lambda": metrics["rm/lambda"]}
+    model = TrainedPreferenceModel(name, extractor, feature, weight, heads, reward_model=reward_model)
+    model.metrics = {**metrics, "rm/strategy": name, "rm/feature": feature, "rm/n_train": len(train),
+                     "rm/n_heldout": len(heldout)}
+    if heldout:
+        model.metrics["rm/heldout_accuracy"] = model.accuracy(heldout)
+        prompts, chosen, rejected = _texts(heldout)
+        model.metrics["rm/heldout_disagreement"] = float(model.disagreement(prompts, chosen, rejected).mean())
+    return model

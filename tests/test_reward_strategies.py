@@ -1,0 +1,178 @@
+"""Bradley-Terry heads on frozen features (synthetic), the strategies' interface and the exact export (tiny model)."""
+
+import math
+
+import pytest
+import torch
+
+from rlhf import bt_head
+from rlhf.reward import RewardModel
+from rlhf.reward_data import PreferencePair
+from rlhf.reward_strategies import FeatureExtractor, StrategyConfig, TrainedPreferenceModel, train_strategy
+
+
+def synthetic_votes(n: int, dim: int, flip_rate: float, seed: int):
+    """Features of answer pairs and votes of a linear judge true_w, a share of them flipped."""
+    generator = torch.Generator().manual_seed(seed)
+    true_w = torch.randn(dim, generator=generator)  # (D,)
+    fa, fb = torch.randn(n, dim, generator=generator), torch.randn(n, dim, generator=generator)  # (N, D) each
+    a_wins = (fa - fb) @ true_w > 0  # (N,)
+    flips = torch.rand(n, generator=generator) < flip_rate
+    a_wins = a_wins ^ flips
+    chosen = torch.where(a_wins[:, None], fa, fb)
+    rejected = torch.where(a_wins[:, None], fb, fa)
+    return true_w, chosen, rejected
+
+
+def test_logistic_fit_matches_the_optimum_worked_out_by_hand():
+    # one vote with d = (1,): loss(w) = softplus(-w) + lam/2 w^2; stationary point sigmoid(-w) = lam * w.
+    # lam = 0.5: w = 2 sigmoid(-w) -> w ~= 0.6748 (check: e^0.6748 = 1.9637, 2 / 2.9637 = 0.6748)
+    w = bt_head.fit_logistic(torch.tensor([[1.0]]), lam=0.5)
+    assert w.item() == pytest.approx(0.6748, abs=1e-3)
+    assert 2 / (1 + math.exp(w.item())) == pytest.approx(w.item(), abs=1e-6)
+
+
+def test_head_learns_a_linear_preference_from_few_noisy_votes():
+    true_w, chosen, rejected = synthetic_votes(200, 16, flip_rate=0.25, seed=0)
+    fit = bt_head.fit_head(chosen - rejected, seed=0)
+    _, test_chosen, test_rejected = synthetic_votes(2000, 16, flip_rate=0.0, seed=0)  # same true_w (same seed)
+    assert bt_head.pair_accuracy(fit.weight, test_chosen, test_rejected) > 0.85
+    cosine = torch.nn.functional.cosine_similarity(fit.weight.float(), true_w, dim=0)
+    assert cosine > 0.8
+
+
+def test_cross_validation_regularises_pure_noise_more_than_clean_votes():
+    _, clean_chosen, clean_rejected = synthetic_votes(120, 32, flip_rate=0.0, seed=1)
+    _, noise_chosen, noise_rejected = synthetic_votes(120, 32, flip_rate=0.5, seed=1)  # votes carry no signal
+    clean = bt_head.fit_head(clean_chosen - clean_rejected, seed=0)
+    noise = bt_head.fit_head(noise_chosen - noise_rejected, seed=0)
+    assert noise.lam > clean.lam
+    assert noise.lam >= 1.0
+
+
+def test_bootstrap_heads_disagree_more_far_from_the_votes_and_on_ambiguous_pairs():
+    true_w, chosen, rejected = synthetic_votes(80, 8, flip_rate=0.1, seed=2)
+    fit = bt_head.fit_head(chosen - rejected, seed=0)
+    heads = bt_head.fit_bootstrap_heads(chosen - rejected, fit.lam, n_heads=16, seed=0)  # (16, 8)
+    near = bt_head.ensemble_disagreement(heads, chosen[:20] * 0.2, rejected[:20] * 0.2)  # (20,)
+    far = bt_head.ensemble_disagreement(heads, chosen[:20] * 0.2 + 6 * torch.randn(20, 8), rejected[:20] * 0.2)
+    assert far.mean() > 2 * near.mean()
+    generator = torch.Generator().manual_seed(3)
+    a = torch.randn(400, 8, generator=generator)
+    b = torch.randn(400, 8, generator=generator)
+    clear = ((a - b) @ true_w).abs() > ((a - b) @ true_w).abs().median()
+    spread = bt_head.ensemble_disagreement(heads, a, b)
+    # a pair the judge barely separates sits near P = 0.5, where the heads' sigmoids are steepest and differ most
+    assert spread[~clear].mean() > spread[clear].mean()
+
+
+def polite_pairs(n: int) -> list[PreferencePair]:
+    """Pairs whose chosen answer carries warm words; different answers per pair so features differ."""
+    topics = ["tea", "maps", "rain", "bread", "music", "trains", "gardens", "stars", "rivers", "chess"]
+    pairs = []
+    for i in range(n):
+        topic = topics[i % len(topics)]
+        pairs.append(PreferencePair(f"Tell me about {topic} #{i}.",
+                                    f"Thank you, happy to help with {topic}: it is lovely.",
+                                    f"{topic} {i}. Facts only."))
+    return pairs
+
+
+def test_exported_reward_model_scores_exactly_as_the_head(tiny_model_dir, tmp_path):
+    pairs = polite_pairs(30)
+    config = StrategyConfig(heldout_fraction=0.2, n_heads=4, cv_folds=3)
+    model = train_strategy("ensemble", pairs, str(tiny_model_dir), config)
+    assert model.metrics["rm/n_train"] == 24 and model.metrics["rm/n_heldout"] == 6
+    prompts = [p.prompt for p in pairs[:5]]
+    answers = [p.chosen for p in pairs[:5]]
+    head_scores = model.score(prompts, answers)  # (5,)
+    path = model.save(tmp_path / "rm")
+    exported = RewardModel.from_pretrained(path).eval()
+    extractor = FeatureExtractor(exported, model.extractor.tokenizer)
+    from rlhf.reward_strategies import score_with_reward_model
+
+    rm_scores = score_with_reward_model(exported, extractor.tokenizer, prompts, answers)
+    torch.testing.assert_close(rm_scores, head_scores, rtol=1e-4, atol=1e-5)
+    loaded = TrainedPreferenceModel.load(path)
+    torch.testing.assert_close(loaded.score(prompts, answers), head_scores, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(loaded.heads, model.heads.float().double())
+    disagreement = loaded.disagreement(prompts, answers, [p.rejected for p in pairs[:5]])
+    assert disagreement.shape == (5,) and bool((disagreement >= 0).all())
+
+
+def test_a_mean_pooled_head_refuses_to_export_as_a_reward_model(tiny_model_dir, tmp_path):
+    model = train_strategy("head", polite_pairs(20), str(tiny_model_dir),
+                           StrategyConfig(feature="mean@-1", n_heads=2, cv_folds=2))
+    with pytest.raises(ValueError, match="last@-1"):
+        model.save(tmp_path / "rm")
+
+
+def test_mean_pooling_averages_the_answer_tokens_only(tiny_model_dir):
+    extractor = FeatureExtractor.from_model(str(tiny_model_dir))
+    # the same answer after two prompts of different length: last-token and mean features depend on the prompt
+    # only through attention, so mean pooling must not include prompt positions -> check against a manual mean
+    features = extractor.compute(["Hi", "A much longer prompt than the other one"], ["Fine.", "Fine."],
+                                 ["mean@1", "last@1"])
+    from rlhf.reward_data import tokenize_pairs
+
+    tokenized = tokenize_pairs(extractor.tokenizer, [PreferencePair("Hi", "Fine.", "Fine.")], 512)[0]
+    ids = torch.tensor([tokenized.prompt_ids + tokenized.chosen_answer_ids])
+    with torch.inference_mode():
+        hidden = extractor.reward_model.backbone(input_ids=ids, output_hidden_states=True).hidden_states[1][0]
+    n_prompt = len(tokenized.prompt_ids)
+    torch.testing.assert_close(features["mean@1"][0], hidden[n_prompt:].mean(0), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(features["last@1"][0], hidden[-1], rtol=1e-4, atol=1e-5)
+
+
+def test_wilson_interval_matches_the_hand_computation():
+    from rlhf.reward_strategies import wilson_interval
+
+    # 15 of 20, z = 1.96: centre (0.75 + 1.96^2 / 40) / (1 + 1.96^2 / 20) = 0.8460 / 1.1921 = 0.7097;
+    # half-width 1.96 * sqrt(0.75 * 0.25 / 20 + 1.96^2 / 1600) / 1.1921 = 1.96 * 0.10856 / 1.1921 = 0.1785
+    low, high = wilson_interval(0.75, 20)
+    assert low == pytest.approx(0.5313, abs=1e-3) and high == pytest.approx(0.8882, abs=1e-3)
+    assert wilson_interval(0.6, 0) == (0.0, 1.0)
+
+
+def test_votes_to_beat_chance_grows_as_accuracy_nears_one_half():
+    from rlhf.reward_strategies import votes_to_beat_chance, wilson_interval
+
+    assert votes_to_beat_chance(0.5, 0.2) is None
+    at_75, at_60 = votes_to_beat_chance(0.75, 0.2), votes_to_beat_chance(0.6, 0.2)
+    assert at_75 < at_60
+    assert wilson_interval(0.75, round(at_75 * 0.2))[0] >= 0.5  # enough held-out pairs at that many votes
+    assert wilson_interval(0.75, 12)[0] < 0.5  # and 12 held-out pairs would not be
+
+
+def test_auto_strategy_follows_the_vote_count():
+    from rlhf.reward_strategies import VotesConfig, choose_strategy
+
+    config = VotesConfig(ensemble_from_votes=100, full_from_votes=500)
+    assert [choose_strategy(n, config) for n in (50, 100, 499, 500)] == ["head", "ensemble", "ensemble", "full"]
+    assert choose_strategy(5, VotesConfig(strategy="full")) == "full"
+    with pytest.raises(ValueError):
+        choose_strategy(5, VotesConfig(strategy="lora"))
+
+
+def test_round_refuses_ppo_when_the_interval_reaches_chance_and_says_how_many_votes_more():
+    from types import SimpleNamespace
+
+    from rlhf.config import load_config
+    from rlhf.round import RoundRefused, _check_accuracy
+
+    config = load_config(None, ["round.min_accuracy=0.55", "reward.heldout_fraction=0.2"])
+    plan = SimpleNamespace(round_id=1, preferences=[None] * 40)
+    recorded = {}
+    # 0.75 on 8 held-out pairs: Wilson interval about (0.41, 0.93) reaches chance
+    with pytest.raises(RoundRefused, match=r"about \d+ more votes"):
+        _check_accuracy({"rm/heldout_accuracy": 0.75, "rm/n_heldout": 8}, plan, config, recorded.update, print)
+    assert recorded["rm/heldout_low"] < 0.5 < recorded["rm/heldout_high"]
+    # 0.75 on 100 held-out pairs: (0.66, 0.82) clears it, PPO may run
+    _check_accuracy({"rm/heldout_accuracy": 0.75, "rm/n_heldout": 100}, plan, config, recorded.update, print)
+    assert recorded["rm/heldout_low"] > 0.5
+    # at chance the message falls back on the learning curve
+    with pytest.raises(RoundRefused, match="learning curve"):
+        _check_accuracy({"rm/heldout_accuracy": 0.5, "rm/n_heldout": 100}, plan, config, recorded.update, print)
+    # min_accuracy = 0 turns the refusal off (the tiny-model round tests rely on it)
+    off = load_config(None, ["round.min_accuracy=0.0"])
+    _check_accuracy({"rm/heldout_accuracy": 0.5, "rm/n_heldout": 8}, plan, off, recorded.update, print)
