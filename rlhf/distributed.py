@@ -13,13 +13,36 @@ def join_launched_processes() -> None:
     the database. The state is shared, so every later `Accelerator()` / `PartialState()` sees all processes.
     On GPUs (or a single process) there is nothing to do: accelerate finds the launcher's processes itself.
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return
-    import torch
-
-    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
-    if has_accelerator:
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or has_accelerator():
         return
     from accelerate.state import PartialState
 
     PartialState(cpu=True)
+
+
+def has_accelerator() -> bool:
+    """A GPU (or other torch accelerator) is present."""
+    import torch
+
+    return torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+
+
+def make_accelerator(mixed_precision: str = "auto", **kwargs):
+    """The one Accelerator factory of every trainer.
+
+    auto: bf16 where CUDA supports it, fp32 otherwise (CPU bf16 training loses too much precision);
+    `accelerate launch`'s own precision setting wins over auto. Without a GPU, `cpu=True` is what makes the
+    processes that torchrun starts join over gloo instead of each training alone.
+    """
+    import torch
+    from accelerate import Accelerator
+
+    precision: str | None = mixed_precision
+    if precision == "auto":
+        if "ACCELERATE_MIXED_PRECISION" in os.environ:
+            precision = None  # chosen by `accelerate launch` / its config file
+        elif torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            precision = "bf16"
+        else:
+            precision = "no"
+    return Accelerator(mixed_precision=precision, cpu=not has_accelerator(), **kwargs)

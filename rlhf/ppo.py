@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
+
+from rlhf import distributed
 
 from rlhf.losses import (
     AdaptiveKLController,
@@ -128,14 +129,8 @@ class PPOConfig:
 
 
 def make_accelerator() -> Accelerator:
-    """bf16 autocast where CUDA supports it, fp32 otherwise (CPU bf16 training loses too much precision);
-    `accelerate launch`'s own precision setting wins. Without a GPU, `cpu=True` is what makes the processes
-    that torchrun starts join over gloo instead of each training alone."""
-    if "ACCELERATE_MIXED_PRECISION" in os.environ:
-        precision = None
-    else:
-        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-    return Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
+    """PPO's Accelerator: bf16 where CUDA supports it, fp32 otherwise (see rlhf.distributed.make_accelerator)."""
+    return distributed.make_accelerator("auto")
 
 
 class PPOTrainer:

@@ -167,6 +167,10 @@ def command_train_ppo(args) -> int:
                            reference_path=args.reference)
     except ModelNotFoundError as error:
         return _fail(str(error))
+    from accelerate.state import PartialState
+
+    if not PartialState().is_main_process:
+        return 0
     last = result.history[-1]
     print(f"PPO: {len(result.history)} steps on {len(prompts)} prompts; last step score "
           f"{last['ppo/score']:.3f}, KL {last['ppo/kl']:.3f}. Actor saved to {result.saved_path}.")

@@ -124,23 +124,10 @@ def default_out_dir() -> Path:
 
 
 def build_accelerator(config: RewardTrainConfig):
-    """An Accelerator in the precision the config asks for; `accelerate launch`'s own setting wins over auto.
+    """An Accelerator in the precision the config asks for (see rlhf.distributed.make_accelerator)."""
+    from rlhf.distributed import make_accelerator
 
-    Without a GPU, `cpu=True` is what lets accelerate join the processes that `torchrun` starts (gloo);
-    without it every process trains alone and they all write the same checkpoint.
-    """
-    from accelerate import Accelerator
-
-    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
-    precision: str | None = config.mixed_precision
-    if precision == "auto":
-        if "ACCELERATE_MIXED_PRECISION" in os.environ:
-            precision = None  # chosen by `accelerate launch` / its config file
-        elif torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-            precision = "bf16"
-        else:
-            precision = "no"
-    return Accelerator(mixed_precision=precision, cpu=not has_accelerator)
+    return make_accelerator(config.mixed_precision)
 
 
 def pair_metrics(loss: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:

@@ -188,19 +188,16 @@ def train_sft(
     Runs through one accelerate.Accelerator (fp32 on CPU, bf16 mixed precision on CUDA), so it works the same
     under `accelerate launch` or `torchrun`; only the main process writes the folder.
     """
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
 
+    from rlhf.distributed import make_accelerator
     from rlhf.models import load_causal_lm, load_tokenizer
 
     config = config or SFTConfig()
     if not examples:
         raise SFTDataError("no demonstrations to train on")
     started = time.perf_counter()
-    accelerator = Accelerator(
-        mixed_precision="bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no",
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-    )
+    accelerator = make_accelerator("auto", gradient_accumulation_steps=config.gradient_accumulation_steps)
     set_seed(config.seed)
     tokenizer = load_tokenizer(model_path)
     model = load_causal_lm(model_path)
