@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     ppo.add_argument("--lora", action="store_true",
                      help="train LoRA adapters; the reference is the actor with adapters disabled (one copy)")
     ppo.add_argument("--reference", metavar="DIR", help="frozen reference policy (default: --model)")
+    ppo.add_argument("--ppo-batch-size", type=int, metavar="N", help="prompts per PPO step (default 8)")
+    ppo.add_argument("--ppo-max-new-tokens", type=int, metavar="N", help="longest sampled answer (default 48)")
     pairs = parser.add_argument_group("generating pairs (--generate-pairs)")
     pairs.add_argument("--versus-share", type=float, default=0.0, metavar="F",
                        help="share of versus pairs: the current policy against the previous one (default 0)")
@@ -158,6 +160,9 @@ def run_target(flag: str, target: str, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from rlhf.distributed import join_launched_processes
+
+    join_launched_processes()  # under torchrun on CPU: one gloo group, not N lone trainers
     return dispatch(args)
 
 

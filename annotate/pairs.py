@@ -146,6 +146,8 @@ def make_pairs(
     from its recorded path unless `versus_model` is given; without an earlier policy every pair is a sample pair.
     Pairs whose answers are identical or empty are skipped, so fewer than `n_pairs` may be written; fewer are
     also written when the store holds fewer prompts than asked for (one pair per prompt per call).
+    `seed` fixes the choice of prompts and versus pairs, the order of sample answers and, unless
+    `sampling.seed` is set, the sampling too. Both policies must share one tokenizer (they descend from one base).
     """
     if n_pairs < 0:
         raise ValueError(f"n_pairs must not be negative, got {n_pairs}")
@@ -153,6 +155,8 @@ def make_pairs(
         raise ValueError(f"versus_share must lie between 0 and 1, got {versus_share}")
     rng = random.Random(seed)
     sampling = sampling or AnswerSampling()
+    if sampling.seed is None and seed is not None:  # one seed fixes the prompts, the sides and the draws
+        sampling = replace(sampling, seed=seed)
     policy = store.policy(policy_id)
     report = PairsReport(policy_id=policy.id)
 

@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.7])
     parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="the largest limit of the curve")
     parser.add_argument("--limits", type=int, nargs="+", default=[96, 128, 160, 192, 256, 320, 384, 512])
     parser.add_argument("--batch-size", type=int, default=32)
@@ -55,13 +57,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.model)
     model = load_causal_lm(args.model)
     all_answers = []
     for temperature in args.temperature:
         sampling = AnswerSampling(max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=args.top_p,
-                                  batch_size=args.batch_size, seed=args.seed)
+                                  repetition_penalty=args.repetition_penalty, batch_size=args.batch_size,
+                                  seed=args.seed)
         result = generate_answers(model, tokenizer, PROMPTS, n_per_prompt=args.samples, sampling=sampling)
         answers = [a for row in result.answers for a in row]
         ended = sorted(a.n_tokens for a in answers if a.finish_reason == "stop")
@@ -70,7 +74,8 @@ def main() -> None:
         all_answers += [{"temperature": temperature, "prompt": prompt, **vars(a)}
                         for prompt, row in zip(PROMPTS, result.answers) for a in row]
         print(json.dumps({
-            "temperature": temperature, "top_p": args.top_p, "answers": len(answers),
+            "temperature": temperature, "top_p": args.top_p, "repetition_penalty": args.repetition_penalty,
+            "answers": len(answers),
             "finished_share_by_limit": curve,
             "finished_len_median": ended[len(ended) // 2] if ended else None,
             "tokens_per_s": round(result.stats["gen/tokens_per_s"], 1),

@@ -48,8 +48,6 @@ class RoundConfig:
     """Refuse a round with fewer new preference pairs than this since the last finished round."""
     min_accuracy: float = 0.55
     """Refuse PPO when the reward model's held-out accuracy is below this."""
-    heldout_fraction: float = 0.2
-    """Share of preference pairs held out (by pair, seeded) to measure the reward model."""
     ppo_prompts: int = 64
     """Prompts PPO trains on per round (sampled from the store, seeded)."""
     next_pairs: int = 32

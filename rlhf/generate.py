@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from rlhf.models import format_prompt
 
@@ -34,6 +35,9 @@ class AnswerSampling:
     """Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p (1.0 keeps all)."""
     top_k: int = 0
     """Keep only the k most likely tokens before sampling (0 disables it)."""
+    repetition_penalty: float = 1.0
+    """CTRL's penalty on tokens already in the answer (the prompt is not counted: its words and the chat
+    template's EOS stay free); applied after top-p picked the nucleus. 1.0 disables it."""
     batch_size: int = 16
     """Sequences generated together in one left-padded batch."""
     seed: int | None = None
@@ -141,16 +145,26 @@ def _generation_kwargs(sampling: AnswerSampling, eos_ids: list[int], pad_id: int
     return kwargs
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], sampling: AnswerSampling) -> TokenBatch:
-    """Generate one response per prompt in a single left-padded batch (no seeding here: see generate_answers)."""
+    """Generate one response per prompt in a single left-padded batch (no seeding here: see generate_answers).
+
+    no_grad rather than inference_mode: PPO feeds these tensors to forward passes that build a graph, which
+    inference tensors refuse. generate_answers, which only decodes, runs under inference_mode.
+    """
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)  # (B, P), (B, P)
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    processors = LogitsProcessorList()
+    if sampling.repetition_penalty != 1.0:
+        # Left padding puts every prompt in the first P columns, so ignoring P tokens ignores exactly the prompts.
+        processors.append(RepetitionPenaltyLogitsProcessor(float(sampling.repetition_penalty),
+                                                           prompt_ignore_length=prompt_ids.shape[1]))
     output = model.generate(
-        input_ids=prompt_ids, attention_mask=prompt_mask, **_generation_kwargs(sampling, eos_ids, pad_id)
+        input_ids=prompt_ids, attention_mask=prompt_mask, logits_processor=processors,
+        **_generation_kwargs(sampling, eos_ids, pad_id),
     )
     response_ids = output[:, prompt_ids.shape[1]:]  # (B, T), T <= max_new_tokens
     response_mask, ended = response_mask_until_eos(response_ids, eos_ids)  # (B, T), (B,)
@@ -169,6 +183,7 @@ def decode_answers(tokenizer, batch: TokenBatch) -> list[Answer]:
     return answers
 
 
+@torch.inference_mode()
 def generate_answers(
     model,
     tokenizer,
@@ -189,7 +204,8 @@ def generate_answers(
     if sampling.batch_size < 1 or sampling.max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be at least 1, got {sampling}")
     encoded = [encode_prompt(tokenizer, prompt) for prompt in prompts]
-    jobs = sorted(((i, j) for i in range(len(prompts)) for j in range(n_per_prompt)), key=lambda ij: len(encoded[ij[0]]))
+    jobs = [(i, j) for i in range(len(prompts)) for j in range(n_per_prompt)]  # (prompt index, sample index)
+    jobs.sort(key=lambda job: len(encoded[job[0]]))
     results: list[list[Answer | None]] = [[None] * n_per_prompt for _ in prompts]
 
     was_training = model.training

@@ -6,10 +6,11 @@ All maths comes from `rlhf.losses`; this file only moves tensors between models 
 
 from __future__ import annotations
 
+import copy
 import math
+import os
 import time
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,7 +31,7 @@ from rlhf.losses import (
     masked_whiten,
     truncation_penalty,
 )
-from rlhf.models import format_prompt
+from rlhf.generate import encode_prompt, eos_token_ids, left_pad
 from rlhf.ppo_experience import (
     Experience,
     ValueHeadCall,
@@ -127,9 +128,14 @@ class PPOConfig:
 
 
 def make_accelerator() -> Accelerator:
-    """bf16 autocast where CUDA supports it, full fp32 otherwise (CPU bf16 training loses too much precision)."""
-    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return Accelerator(mixed_precision="bf16" if bf16 else "no")
+    """bf16 autocast where CUDA supports it, fp32 otherwise (CPU bf16 training loses too much precision);
+    `accelerate launch`'s own precision setting wins. Without a GPU, `cpu=True` is what makes the processes
+    that torchrun starts join over gloo instead of each training alone."""
+    if "ACCELERATE_MIXED_PRECISION" in os.environ:
+        precision = None
+    else:
+        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    return Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
 
 
 class PPOTrainer:
@@ -152,10 +158,9 @@ class PPOTrainer:
         if reward_model is None and not hasattr(critic, "disable_adapter"):
             raise ValueError("PPOTrainer needs a reward model, or a LoRA (peft) critic initialised from it")
         self.tokenizer = tokenizer
-        tokenizer.padding_side = "left"
-        tokenizer.truncation_side = "left"
-        self.generation_config = sampling_config(tokenizer, config.max_new_tokens, config.min_new_tokens,
-                                                 config.temperature, config.top_k, config.top_p)
+        self.eos_ids = eos_token_ids(actor, tokenizer)  # the tokenizer's EOS and the model's configured ones
+        self.generation_config = sampling_config(tokenizer, self.eos_ids, config.max_new_tokens,
+                                                 config.min_new_tokens, config.temperature, config.top_k, config.top_p)
         lora = config.use_lora
         actor_optimizer = self._optimizer(actor, config.lora_lr if lora else config.actor_lr)
         critic_optimizer = self._optimizer(critic, config.lora_lr if lora else config.critic_lr)
@@ -188,12 +193,11 @@ class PPOTrainer:
         return self.accelerator.unwrap_model(self.critic).value_model
 
     def encode_prompts(self, prompts: list[str]) -> dict[str, Tensor]:
-        """Chat-formatted, left-padded, left-truncated prompt batch on the device."""
-        texts = [format_prompt(self.tokenizer, prompt) for prompt in prompts]
-        templated = bool(getattr(self.tokenizer, "chat_template", None))
-        batch = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
-                               max_length=self.config.max_prompt_length, add_special_tokens=not templated)
-        return {key: batch[key].to(self.accelerator.device) for key in ("input_ids", "attention_mask")}
+        """Prompts as generation and SFT encode them, cut to their last max_prompt_length tokens, left-padded."""
+        encoded = [encode_prompt(self.tokenizer, prompt)[-self.config.max_prompt_length:] for prompt in prompts]
+        input_ids, attention_mask = left_pad(encoded, self.tokenizer.pad_token_id)  # (B, P) each
+        device = self.accelerator.device
+        return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
 
     def reference_log_probs(self, sequences: Tensor, attention_mask: Tensor, width: int) -> Tensor:
         """(B, T) reference log-probs; call under inference_mode."""
@@ -280,7 +284,7 @@ class PPOTrainer:
         batch = self.encode_prompts(prompts)
         with torch.inference_mode(), self.accelerator.autocast():
             generated = generate_responses(self.unwrapped_actor(), batch["input_ids"], batch["attention_mask"],
-                                           self.generation_config, self.tokenizer.eos_token_id)
+                                           self.generation_config, self.eos_ids)
         return tuple(t.clone() for t in generated)  # clones are ordinary tensors, usable in autograd
 
     def evaluate(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor, ended: Tensor,
@@ -356,7 +360,10 @@ class PPOTrainer:
     # ----- runs and saving -----
 
     def train(self, prompts: list[str], on_step: Callable[[dict], None] | None = None) -> list[dict]:
-        """Steps over the prompts (this process's share), as many as config.steps or config.epochs say."""
+        """Steps over the prompts (this process's share), as many as config.steps or config.epochs say.
+
+        `on_step(metrics)` runs after every step on every process, with the metrics averaged over processes.
+        """
         config, accelerator = self.config, self.accelerator
         shard = prompts[accelerator.process_index::accelerator.num_processes]
         if not shard:
@@ -397,6 +404,4 @@ class PPOTrainer:
 
 def _merged_copy(peft_model):
     """The base model with the adapters folded into its weights, leaving the training model untouched."""
-    import copy
-
     return copy.deepcopy(peft_model).merge_and_unload()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import GenerationConfig
 
+from rlhf.generate import response_mask_until_eos
 from rlhf.losses import entropy_from_logits, gather_log_probs
 
 Tensor = torch.Tensor
@@ -68,22 +69,9 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return position_ids.masked_fill(attention_mask == 0, 1)  # (B, L)
 
 
-def response_masks(response: Tensor, eos_token_id: int) -> tuple[Tensor, Tensor]:
-    """(action_mask (B, T), ended (B,)): tokens up to and including the first EOS; later tokens masked.
-
-    A response without EOS keeps all T tokens and counts as not ended (it hit the length limit).
-    """
-    is_eos = response == eos_token_id  # (B, T)
-    ended = is_eos.any(dim=-1)  # (B,)
-    width = response.shape[1]
-    last = torch.where(ended, is_eos.long().argmax(dim=-1), width - 1)  # (B,) first EOS, else last position
-    positions = torch.arange(width, device=response.device)  # (T,)
-    action_mask = (positions.unsqueeze(0) <= last.unsqueeze(1)).long()  # (B, T)
-    return action_mask, ended
-
-
 def sampling_config(
     tokenizer,
+    eos_ids: list[int],
     max_new_tokens: int,
     min_new_tokens: int,
     temperature: float,
@@ -98,7 +86,7 @@ def sampling_config(
         top_p=top_p,
         max_new_tokens=max_new_tokens,
         min_new_tokens=min_new_tokens,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=eos_ids,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         use_cache=True,
@@ -106,7 +94,7 @@ def sampling_config(
 
 
 def generate_responses(
-    actor, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig, eos_token_id: int
+    actor, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig, eos_ids: list[int]
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Sample one response per prompt; returns (sequences, attention_mask, action_mask, ended).
 
@@ -117,7 +105,7 @@ def generate_responses(
         input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config
     )  # (B, P+T)
     response = sequences[:, prompt_ids.shape[1]:]  # (B, T)
-    action_mask, ended = response_masks(response, eos_token_id)  # (B, T), (B,)
+    action_mask, ended = response_mask_until_eos(response, eos_ids)  # (B, T), (B,): cut after the first EOS
     attention_mask = torch.cat([prompt_mask.long(), action_mask], dim=1)  # (B, P+T)
     return sequences, attention_mask, action_mask, ended
 

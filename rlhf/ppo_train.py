@@ -57,6 +57,13 @@ def add_lora(model: nn.Module, config: PPOConfig, causal_lm: bool):
     return get_peft_model(model, lora_config)
 
 
+def _same_model(a: str | Path, b: str | Path) -> bool:
+    """Whether two model names point at the same weights (folders compared after resolving the path)."""
+    if Path(a).exists() and Path(b).exists():
+        return Path(a).resolve() == Path(b).resolve()
+    return str(a) == str(b)
+
+
 def build_ppo_trainer(
     actor_path: str | Path,
     reward_model_path: str | Path,
@@ -73,8 +80,8 @@ def build_ppo_trainer(
     """
     accelerator = accelerator or make_accelerator()
     frozen_dtype = default_dtype(accelerator.device)
-    same_reference = reference_path is None or str(reference_path) == str(actor_path)
-    same_critic = critic_path is None or str(critic_path) == str(reward_model_path)
+    same_reference = reference_path is None or _same_model(reference_path, actor_path)
+    same_critic = critic_path is None or _same_model(critic_path, reward_model_path)
     tokenizer = load_tokenizer(actor_path)
     actor = load_causal_lm(actor_path)  # trained: fp32 weights, bf16 autocast on CUDA
     critic = RewardModel.from_pretrained(critic_path or reward_model_path)
@@ -137,19 +144,23 @@ def _prompts_for_command(args) -> list[str]:
 
 
 def command_train_ppo(args) -> int:
-    """`--train-ppo --reward-model DIR [--prompts FILE] [--steps N] [--out DIR] [--lora]`: PPO alone."""
+    """`--train-ppo --reward-model DIR [--prompts FILE] [--steps N] [--out DIR] [--lora] ...`: PPO alone."""
     if not args.reward_model:
         return _fail("--train-ppo needs --reward-model DIR, a folder saved by --train-reward")
     if not is_reward_model_dir(args.reward_model):
         return _fail(f"{args.reward_model} is not a reward model folder (no reward_model.json there); "
                      "train one with --train-reward")
-    if args.steps is not None and args.steps < 1:
-        return _fail("--steps must be at least 1")
+    for flag in ("steps", "ppo_batch_size", "ppo_max_new_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            return _fail(f"--{flag.replace('_', '-')} must be at least 1")
     try:
         prompts = _prompts_for_command(args)
     except ValueError as error:
         return _fail(str(error))
-    config = PPOConfig(steps=args.steps or 0, use_lora=args.lora, seed=args.seed)
+    sizes = {"batch_size": args.ppo_batch_size, "mini_batch_size": args.ppo_batch_size,
+             "max_new_tokens": args.ppo_max_new_tokens}
+    config = PPOConfig(steps=args.steps or 0, use_lora=args.lora, seed=args.seed,
+                       **{name: value for name, value in sizes.items() if value is not None})
     out_dir = Path(args.out or f"data/checkpoints/ppo-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         result = train_ppo(args.model, args.reward_model, prompts, config, out_dir,

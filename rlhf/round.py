@@ -191,6 +191,10 @@ def _summarise_ppo(history: list[dict]) -> dict:
     return {key: sum(step[key] for step in history) / len(history) for key in keys}
 
 
+def _silent(message: str) -> None:
+    """The log of the processes other than the main one."""
+
+
 def _broadcast(value):
     """The main process's `value` on every process (a no-op in a single process)."""
     from accelerate.state import PartialState
@@ -211,6 +215,8 @@ def run_round(db_path: str | Path, base_model: str, config: LoopConfig, log: Log
 
     state = PartialState()
     is_main = state.is_main_process
+    if not is_main:
+        log = _silent  # every process runs the stages; one tells the user about them
     store = Store(db_path) if is_main else None
     lock = RoundLock(db_path) if is_main else None
     plan, refusal = None, None

@@ -111,7 +111,8 @@ def sft_examples_from_jsonl(path: str | os.PathLike) -> list[tuple[str, str]]:
                     raise SFTDataError(f"{where}: \"{key}\" must be a non-empty string (the object has: {found}).")
             examples.append((record["prompt"], record["response"]))
     if not examples:
-        raise SFTDataError(f"{path}: holds no examples. Write one {{\"prompt\": ..., \"response\": ...}} object a line.")
+        raise SFTDataError(f"{path}: holds no examples. "
+                           "Write one {\"prompt\": ..., \"response\": ...} object a line.")
     return examples
 
 
@@ -273,7 +274,7 @@ def command_sft(args) -> int:
         epochs=getattr(args, "sft_epochs", None) or SFTConfig.epochs,
         batch_size=getattr(args, "sft_batch_size", None) or SFTConfig.batch_size,
     )
-    out_dir = Path(args.out) if getattr(args, "out", None) else Path("data/checkpoints") / time.strftime("sft-%Y%m%d-%H%M%S")
+    out_dir = Path(args.out or Path("data/checkpoints") / time.strftime("sft-%Y%m%d-%H%M%S"))
     main_process = PartialState().is_main_process  # under accelerate launch / torchrun only one writes the store
     store = Store(args.db)
     try:
@@ -293,7 +294,9 @@ def command_sft(args) -> int:
             print(f"app.py --sft: note: rounds have already run (the current policy is round {current.round}). The "
                   "SFT model becomes the reference of the next rounds; they go on from the current policy.",
                   file=sys.stderr)
-        print(f"SFT of {args.model} on {len(examples)} examples from {source}; saving to {out_dir}", file=sys.stderr)
+        if main_process:
+            print(f"SFT of {args.model} on {len(examples)} examples from {source}; saving to {out_dir}",
+                  file=sys.stderr)
         result = train_sft(args.model, examples, config, out_dir)
     except SFTDataError as error:
         print(f"app.py --sft: {error}", file=sys.stderr)

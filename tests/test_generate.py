@@ -73,6 +73,19 @@ def test_left_padded_tokens_match_unpadded_tokens(tiny_model, tokenizer):
     assert batch.sequences.shape == batch.attention_mask.shape == (3, len(encoded[1]) + 8)
 
 
+def test_generated_tokens_can_feed_a_training_forward_pass(tiny_model, tokenizer):
+    # PPO gathers the log-probs of the sampled tokens with gradients on and masks them: autograd saves both the
+    # token ids and the mask, which it refuses for tensors made under inference_mode.
+    batch = generate_tokens(tiny_model, tokenizer, [encode_prompt(tokenizer, "Hi")], AnswerSampling(max_new_tokens=3))
+    width = batch.prompt_ids.shape[1]
+    logits = tiny_model(input_ids=batch.sequences, attention_mask=batch.attention_mask).logits  # (1, P + 3, V)
+    log_probs = logits[:, width - 1:-1].log_softmax(-1)  # (1, 3, V): position t predicts token t + 1
+    taken = torch.gather(log_probs, 2, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # (1, 3)
+    (taken * batch.response_mask).sum().backward()
+    assert tiny_model.lm_head.weight.grad is not None
+    tiny_model.zero_grad(set_to_none=True)
+
+
 def test_a_seed_repeats_the_draws_and_leaves_the_callers_random_state_alone(tiny_model, tokenizer):
     sampling = AnswerSampling(max_new_tokens=6, temperature=1.0, seed=7)
     torch.manual_seed(123)
@@ -85,6 +98,19 @@ def test_a_seed_repeats_the_draws_and_leaves_the_callers_random_state_alone(tiny
     assert first == second
     assert first[0][0] != first[0][1]  # two samples of one prompt differ
     assert torch.equal(after_generation, expected_next)
+
+
+def test_the_repetition_penalty_counts_the_answers_tokens_not_the_prompts(tiny_model_dir, tokenizer):
+    # The tied tiny model greedily repeats the prompt's last token, "\n" (198), forever. A penalty over the prompt
+    # would forbid it from the first step; over the answer only, the first "\n" is free and the second is not.
+    tied = load_causal_lm(tiny_model_dir)
+    prompt = [encode_prompt(tokenizer, "Hi")]
+    plain = generate_tokens(tied, tokenizer, prompt, AnswerSampling(max_new_tokens=3, temperature=0.0))
+    penalised = generate_tokens(tied, tokenizer, prompt,
+                                AnswerSampling(max_new_tokens=3, temperature=0.0, repetition_penalty=100.0))
+    assert prompt[0][-1] == 198 and plain.response_ids[0].tolist() == [198, 198, 198]
+    assert penalised.response_ids[0, 0] == 198
+    assert 198 not in penalised.response_ids[0, 1:].tolist()
 
 
 def test_the_model_is_left_in_the_mode_it_was_in(tiny_model, tokenizer):

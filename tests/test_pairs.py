@@ -175,3 +175,15 @@ def test_generate_pairs_command_refuses_bad_numbers(tmp_path, tiny_model_dir, ca
 def test_generate_pairs_command_without_prompts_says_how_to_import_them(tmp_path, tiny_model_dir, capsys):
     assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, 2)) == 2
     assert "--import-prompts" in capsys.readouterr().err
+
+
+def test_one_seed_gives_the_same_pairs(tiny_model, tokenizer):
+    texts = []
+    for _ in range(2):
+        with Store(":memory:") as store:
+            store.add_prompts(["One?", "Two?", "Three?"])
+            base = ensure_base_policy(store, "tiny")
+            unseeded = AnswerSampling(max_new_tokens=3, temperature=1.0, seed=None)
+            make_pairs(store, tiny_model, tokenizer, n_pairs=3, policy_id=base.id, sampling=unseeded, seed=5)
+            texts.append([store.generation(g).text for g in range(1, 7)])
+    assert texts[0] == texts[1]

@@ -14,8 +14,9 @@ from annotate.store import Store
 from rlhf.losses import actor_loss, critic_loss
 from rlhf.models import format_prompt, load_causal_lm, load_tokenizer, resolve_model_path
 from rlhf.ppo import PPOConfig, PPOTrainer
-from rlhf.ppo_experience import position_ids_from_mask, response_log_probs, response_masks
-from rlhf.ppo_train import add_lora, build_ppo_trainer, train_ppo
+from rlhf.generate import response_mask_until_eos
+from rlhf.ppo_experience import position_ids_from_mask, response_log_probs
+from rlhf.ppo_train import _same_model, add_lora, build_ppo_trainer, train_ppo
 from rlhf.reward import RewardModel, RewardOutput
 
 PROMPTS = ["hello there", "what is two plus two", "tell me a joke", "name a colour"]
@@ -102,12 +103,21 @@ def learning_trainer(path, tokenizer, **overrides) -> PPOTrainer:
 # ----- masks and alignment -----
 
 
-def test_response_mask_keeps_tokens_up_to_the_first_eos():
-    eos = 2
-    response = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8], [2, 2, 2, 2]])
-    action_mask, ended = response_masks(response, eos)
-    assert action_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
-    assert ended.tolist() == [True, False, True]
+def test_generation_stops_at_eos_and_masks_what_follows(tiny_model_dir, tokenizer):
+    eos = tokenizer.eos_token_id
+    config = PPOConfig(max_new_tokens=8, min_new_tokens=2, seed=0)
+    trainer = PPOTrainer(load_causal_lm(tiny_model_dir), zero_head_critic(tiny_model_dir), tokenizer, config,
+                         reward_model=TokenShareReward(torch.tensor([5]), 8), reference=load_causal_lm(tiny_model_dir))
+    # the tiny model is near-uniform over 49k tokens: a bias makes EOS likely once min_new_tokens allows it
+    trainer.generation_config.sequence_bias = {(eos,): 8.0}
+    sequences, attention_mask, action_mask, ended = trainer.generate(PROMPTS)
+    response = sequences[:, -action_mask.shape[1]:]
+    assert ended.all()
+    for row in range(len(PROMPTS)):
+        first_eos = (response[row] == eos).nonzero()[0].item()
+        assert first_eos >= 2  # min_new_tokens
+        assert action_mask[row].tolist() == [1] * (first_eos + 1) + [0] * (action_mask.shape[1] - first_eos - 1)
+    assert torch.equal(attention_mask[:, -action_mask.shape[1]:], action_mask)
 
 
 def test_position_ids_count_real_tokens_only():
@@ -123,7 +133,7 @@ def test_response_log_probs_match_each_prefix_computed_alone(tiny_model_dir, tok
     torch.manual_seed(0)
     response = torch.randint(10, 1000, (3, 5))  # (B, T)
     response[0, 2] = tokenizer.eos_token_id  # row 0 ends early: its later positions are padding
-    action_mask, _ = response_masks(response, tokenizer.eos_token_id)
+    action_mask, _ = response_mask_until_eos(response, [tokenizer.eos_token_id])
     sequences = torch.cat([trainer_free_batch["input_ids"], response], dim=1)
     attention_mask = torch.cat([trainer_free_batch["attention_mask"], action_mask], dim=1)
     with torch.no_grad():
@@ -150,7 +160,7 @@ def test_generation_log_probs_equal_the_scoring_pass(tiny_model_dir, tokenizer):
         width = len(out.logits)
         chosen = out.sequences[:, -width:]  # (B, T)
         from_generate = torch.stack(out.logits, 1).log_softmax(-1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
-        action_mask, _ = response_masks(chosen, tokenizer.eos_token_id)
+        action_mask, _ = response_mask_until_eos(chosen, [tokenizer.eos_token_id])
         attention_mask = torch.cat([batch["attention_mask"], action_mask], dim=1)
         from_forward, _ = response_log_probs(model, out.sequences, attention_mask, width)
     real = action_mask.bool()
@@ -320,6 +330,7 @@ def test_command_trains_from_a_prompt_file(tiny_model_dir, reward_model_dir, tmp
     prompts.write_text('{"prompt": "hello there"}\n{"prompt": "tell me a joke"}\n', encoding="utf-8")
     code = app.main(["--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_model_dir),
                      "--prompts", str(prompts), "--steps", "1", "--out", str(tmp_path / "actor"),
+                     "--ppo-batch-size", "2", "--ppo-max-new-tokens", "4",
                      "--db", str(tmp_path / "none.db")])
     assert code == 0
     assert "Actor saved to" in capsys.readouterr().out
@@ -332,6 +343,7 @@ def test_command_trains_from_a_prompt_file(tiny_model_dir, reward_model_dir, tmp
     (["--reward-model", "{rm}"], "no database at"),
     (["--reward-model", "{rm}", "--prompts", "{missing}"], "no such file"),
     (["--reward-model", "{rm}", "--steps", "0"], "--steps must be at least 1"),
+    (["--reward-model", "{rm}", "--ppo-batch-size", "0"], "--ppo-batch-size must be at least 1"),
 ])
 def test_command_errors_say_what_to_do(extra, message, tiny_model_dir, reward_model_dir, tmp_path, capsys):
     names = {"tiny": tiny_model_dir, "rm": reward_model_dir, "missing": tmp_path / "missing.jsonl"}
@@ -349,8 +361,18 @@ def test_command_reads_prompts_from_the_store(tiny_model_dir, reward_model_dir, 
         assert "holds no prompts" in capsys.readouterr().err
         store.add_prompts(["hello there", "name a colour"])
     code = app.main(["--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_model_dir),
-                     "--db", str(db), "--steps", "1", "--out", str(tmp_path / "actor")])
+                     "--db", str(db), "--steps", "1", "--out", str(tmp_path / "actor"),
+                     "--ppo-batch-size", "2", "--ppo-max-new-tokens", "4"])
     assert code == 0 and "on 2 prompts" in capsys.readouterr().out
+
+
+def test_lora_shares_weights_only_with_the_same_folder(tmp_path, monkeypatch):
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert _same_model("policy", tmp_path / "policy")  # relative and absolute spellings of one folder
+    assert not _same_model("policy", tmp_path / "other")
+    assert _same_model("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-135M")
 
 
 @pytest.mark.slow

@@ -299,13 +299,15 @@ def test_warm_start_continues_from_the_saved_reward_model(trained):
     assert again.metrics["rm/heldout_loss"] == pytest.approx(result.metrics["rm/heldout_loss"], abs=1e-6)
 
 
-@pytest.mark.parametrize("grad_accum, epochs, max_steps, expected_steps", [
-    (5, 2, None, 6),  # 90 pairs / 8 = 12 passes -> windows of 5, 5, 2 -> 3 steps an epoch
-    (1, 2, 4, 4),  # max_steps stops the run early
+@pytest.mark.parametrize("grad_accum, epochs, max_steps, share_prompt, expected_steps", [
+    (5, 2, None, False, 6),  # 90 pairs / 8 = 12 passes -> windows of 5, 5, 2 -> 3 steps an epoch
+    (1, 2, 4, True, 4),  # max_steps stops the run early (and shared prompts train too)
 ])
-def test_optimizer_steps_count_accumulation_windows(tiny_model_dir, grad_accum, epochs, max_steps, expected_steps):
+def test_optimizer_steps_count_accumulation_windows(tiny_model_dir, grad_accum, epochs, max_steps, share_prompt,
+                                                    expected_steps):
     config = RewardTrainConfig(model=str(tiny_model_dir), batch_size=8, grad_accum=grad_accum, epochs=epochs,
-                               max_steps=max_steps, heldout_fraction=0.0, show_progress=False)
+                               max_steps=max_steps, share_prompt=share_prompt, heldout_fraction=0.0,
+                               show_progress=False)
     result = train_reward_model(marker_pairs(90, seed=0), config)
     assert result.metrics["rm/steps"] == expected_steps
     assert result.heldout_accuracy is None and result.path is None

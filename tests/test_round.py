@@ -24,7 +24,7 @@ def tiny_settings(tmp_path: Path, ppo_steps: int = 1) -> list[str]:
     """Overrides that make a round of the tiny model take seconds."""
     return [
         "round.min_new_pairs=4", "round.min_accuracy=0.0", "round.ppo_prompts=8", "round.next_pairs=6",
-        f"round.checkpoints_dir={tmp_path / 'checkpoints'}".replace("=", "=\"", 1) + "\"",
+        f"round.checkpoints_dir={tmp_path / 'checkpoints'}",
         "reward.batch_size=4", "reward.max_length=96", "reward.heldout_fraction=0.25", "reward.min_pairs=4",
         f"ppo.steps={ppo_steps}", "ppo.batch_size=4", "ppo.mini_batch_size=4", "ppo.max_new_tokens=8",
         "sampling.max_new_tokens=12", "sampling.batch_size=8",
@@ -117,3 +117,18 @@ def test_a_killed_round_leaves_the_database_consistent_and_the_next_one_complete
     assert rounds[1].metrics["round/reward_model_path"] == rounds[0].metrics["round/reward_model_path"]
     assert len(store.votes()) == votes_before
     assert [p.round for p in store.policies()] == [0, 1]
+
+
+@pytest.mark.slow
+def test_one_small_round_of_the_default_model_completes(tmp_path):
+    db = tmp_path / "default.db"
+    store = Store(db)
+    store.add_prompts(PROMPTS[:8], source="test")
+    policy = ensure_base_policy(store, "default")
+    make_pairs(store, "default", None, 8, policy.id, sampling=AnswerSampling(max_new_tokens=16, seed=0))
+    simulate_votes(store, resolve_judge("longer"), "sim", n_votes=8)
+    overrides = tiny_settings(tmp_path) + ["sampling.max_new_tokens=16", "round.next_pairs=2", "round.versus_share=0.0"]
+    result = run_round(db, "default", load_config(None, overrides), log=lambda message: None)
+    assert store.round(result.round_id).status == "done"
+    assert store.policy(result.policy_id).round == 1
+    assert result.metrics["round/pairs_generated"] >= 1

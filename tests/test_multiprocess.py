@@ -1,0 +1,204 @@
+"""Every trainer under two real processes: reward model, SFT, PPO and a round, launched with torchrun.
+
+`accelerate launch --num_processes 2 --cpu` starts a single process on these machines (accelerate's
+multi-CPU path wants mpirun), so the test launches `torchrun --nproc_per_node 2`: two processes on gloo,
+which the trainers' Accelerator joins as MULTI_CPU, exactly as under `accelerate launch` on GPUs.
+
+Run as a script (by torchrun), this file is the driver: it records, per process, a digest of the weights
+every optimizer trained, every model folder saved and every database opened, calls `app.main` with the
+command line it was given, and writes what it saw to DIGEST_DIR/rank-N.json. The tests then check that
+the two replicas hold bit-identical weights that differ from where they started (they trained, in step),
+and that only rank 0 saved models and touched the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = [f"Tell me something about the number {i}." for i in range(24)]
+
+pytestmark = pytest.mark.slow  # each case starts two interpreters that load torch: ~20-60 s on 2 cores
+
+
+# ----- the driver (runs inside each torchrun process) -----
+
+
+def _weights_digest(parameters) -> str:
+    """sha256 over the bytes of the parameters, in order: equal only when every weight is bit-identical."""
+    import torch
+
+    digest = hashlib.sha256()
+    for parameter in parameters:
+        digest.update(parameter.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def _drive(digest_dir: Path, app_argv: list[str]) -> int:
+    """Run `app.main(app_argv)` in this process, recording what it trained, saved and opened."""
+    import torch
+    from transformers import PreTrainedModel
+
+    import app
+    from annotate.store import Store
+    from rlhf.reward import RewardModel
+
+    optimizers: list[tuple[list, str]] = []  # (trained parameters, digest when the optimizer was made)
+    saved: list[str] = []
+    stores: list[str] = []
+
+    original_optimizer_init = torch.optim.Optimizer.__init__
+
+    def optimizer_init(self, params, *args, **kwargs):
+        params = list(params)
+        original_optimizer_init(self, params, *args, **kwargs)
+        trained = [p for group in self.param_groups for p in group["params"]]
+        optimizers.append((trained, _weights_digest(trained)))
+
+    def recording(method, log):
+        def wrapper(self, path, *args, **kwargs):
+            log.append(str(path))
+            return method(self, path, *args, **kwargs)
+        return wrapper
+
+    torch.optim.Optimizer.__init__ = optimizer_init
+    PreTrainedModel.save_pretrained = recording(PreTrainedModel.save_pretrained, saved)
+    RewardModel.save_pretrained = recording(RewardModel.save_pretrained, saved)
+    Store.__init__ = recording(Store.__init__, stores)
+
+    code = app.main(app_argv)
+
+    from accelerate.state import PartialState
+
+    rank = PartialState().process_index
+    report = {
+        "rank": rank, "world_size": PartialState().num_processes, "exit_code": code,
+        "trained": [{"before": before, "after": _weights_digest(params)} for params, before in optimizers],
+        "saved": saved, "stores": stores,
+    }
+    (digest_dir / f"rank-{rank}.json").write_text(json.dumps(report), encoding="utf-8")
+    return code
+
+
+# ----- helpers for the tests -----
+
+
+def _torchrun(tmp_path: Path, app_argv: list[str], timeout: int = 600) -> tuple[list[dict], str]:
+    """Launch the driver on two processes; each rank's report (rank order) and what they printed (stdout + stderr)."""
+    digest_dir = tmp_path / "digests"
+    digest_dir.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT),
+           "CUDA_VISIBLE_DEVICES": ""}  # CPU processes on gloo even on a GPU machine (one GPU cannot host rank 1)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               __file__, str(digest_dir), *app_argv]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    reports = [json.loads((digest_dir / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["world_size"] for r in reports] == [2, 2] and [r["exit_code"] for r in reports] == [0, 0]
+    return reports, done.stdout + done.stderr
+
+
+def _assert_replicas_trained_in_step(reports: list[dict], n_trained: int) -> None:
+    """Both ranks trained the same number of models, each moved from its start, to bit-identical weights."""
+    first, second = reports
+    assert len(first["trained"]) == len(second["trained"]) == n_trained
+    for mine, theirs in zip(first["trained"], second["trained"]):
+        assert mine["before"] == theirs["before"]  # same initialisation (seeded) on both
+        assert mine["after"] != mine["before"]  # it trained
+        assert mine["after"] == theirs["after"]  # ... and the gradients were averaged across the processes
+
+
+def _assert_only_rank_zero_wrote(reports: list[dict]) -> None:
+    assert reports[0]["saved"], "rank 0 saved nothing"
+    assert reports[1]["saved"] == [] and reports[1]["stores"] == []
+
+
+def _preference_file(path: Path, n_pairs: int) -> Path:
+    sys.path.insert(0, str(ROOT))
+    from bench.synthetic_prefs import synthetic_preferences
+
+    pairs = synthetic_preferences(n_pairs, seed=0)
+    path.write_text("".join(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n"
+                            for p in pairs), encoding="utf-8")
+    return path
+
+
+# ----- the tests -----
+
+
+def test_reward_model_training_under_two_processes(tmp_path, tiny_model_dir):
+    data = _preference_file(tmp_path / "prefs.jsonl", 24)
+    reports, printed = _torchrun(tmp_path, [
+        "--train-reward", "--data", str(data), "--model", str(tiny_model_dir), "--out", str(tmp_path / "rm"),
+        "--rm-batch-size", "4", "--rm-max-length", "64", "--rm-heldout-fraction", "0.25", "--rm-lr", "1e-3"])
+    _assert_replicas_trained_in_step(reports, n_trained=1)
+    _assert_only_rank_zero_wrote(reports)
+    assert printed.count("Training the reward model on 24") == printed.count("Reward model saved to") == 1
+    assert (tmp_path / "rm" / "config.json").is_file()
+
+
+def test_sft_under_two_processes_records_one_policy(tmp_path, tiny_model_dir):
+    from annotate.store import Store
+
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(json.dumps({"prompt": p, "response": f"The number is {i}."}) + "\n"
+                             for i, p in enumerate(PROMPTS[:8])), encoding="utf-8")
+    db = tmp_path / "loop.db"
+    Store(db).close()  # an existing database, as after the app's first start
+    reports, printed = _torchrun(tmp_path, ["--sft", str(demos), "--model", str(tiny_model_dir), "--db", str(db),
+                                           "--out", str(tmp_path / "sft"), "--sft-batch-size", "4"])
+    _assert_replicas_trained_in_step(reports, n_trained=1)
+    assert reports[1]["saved"] == []  # (rank 1 opens the store too, to read demonstrations when there is no file)
+    with Store(db) as store:
+        assert [(p.round, p.path) for p in store.policies()][1:] == [(0, str(tmp_path / "sft"))]
+    assert printed.count("SFT of ") == printed.count("SFT done") == 1
+
+
+def test_ppo_under_two_processes(tmp_path, tiny_model_dir):
+    import torch
+
+    from rlhf.models import load_tokenizer
+    from rlhf.reward import RewardModel
+
+    torch.manual_seed(0)
+    reward_dir = RewardModel.from_causal_lm(tiny_model_dir).save_pretrained(
+        tmp_path / "rm", tokenizer=load_tokenizer(tiny_model_dir))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:8]), encoding="utf-8")
+    reports, _ = _torchrun(tmp_path, [
+        "--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_dir), "--prompts", str(prompts),
+        "--steps", "1", "--out", str(tmp_path / "actor"), "--db", str(tmp_path / "none.db")])
+    _assert_replicas_trained_in_step(reports, n_trained=2)  # the actor and the critic
+    _assert_only_rank_zero_wrote(reports)
+    assert (tmp_path / "actor" / "model.safetensors").is_file()
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_a_round_under_two_processes_records_one_round_and_one_policy(tmp_path, tiny_model_dir):
+    from annotate.store import Store
+    from test_round import seed_votes, tiny_settings
+
+    db = tmp_path / "loop.db"
+    seed_votes(db, tiny_model_dir)
+    settings = [arg for setting in tiny_settings(tmp_path) for arg in ("--set", setting)]
+    reports, printed = _torchrun(tmp_path, ["--train-round", "--db", str(db), "--model", str(tiny_model_dir), *settings])
+    _assert_replicas_trained_in_step(reports, n_trained=3)  # the reward model, then the actor and the critic
+    _assert_only_rank_zero_wrote(reports)
+    with Store(db) as store:
+        assert [p.round for p in store.policies()] == [0, 1]
+        assert [r.status for r in store.rounds()] == ["done"]
+        round_dir = tmp_path / "checkpoints" / f"round-{store.rounds()[0].id}"
+    assert sorted(path.name for path in round_dir.iterdir()) == ["policy", "reward"]
+    assert printed.count("training the reward model on") == printed.count("generating 6 pairs") == 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(_drive(Path(sys.argv[1]), sys.argv[2:]))
