@@ -26,10 +26,11 @@ from rlhf.config import LoopConfig
 Log = Callable[[str], None]
 
 
-CURVE_VOTES_FOR_TARGET = 200
-"""bench/reward_curve.py (polite annotator, 25% flips, 88 prompts x 4 answers of the default model): a head on
-mean-pooled layer-4 features reached 65% held-out accuracy at 200 votes; the exportable last-token feature stayed
-at chance up to 200. The refusal quotes it when the measured accuracy itself says nothing about the votes needed."""
+CURVE_VOTES_FOR_TARGET = 128
+"""bench/reward_curve.py (polite annotator, 25% flips, 144 prompts x 4 answers of the default model, 5 splits): a
+head on mean-pooled layer-4 features reached ~64% held-out accuracy at 128 votes and no more up to 256; the
+exportable last-token feature stayed at chance up to 256. The refusal quotes it when the measured accuracy itself
+says nothing about the votes needed."""
 
 
 class RoundRefused(RuntimeError):
@@ -325,7 +326,7 @@ def _check_accuracy(metrics: dict, plan: RoundPlan, config: LoopConfig, record, 
             more = f"At this accuracy about {needed - n_votes} more votes ({needed} in all) would show it is not chance"
         else:
             more = (f"On the learning curve (bench/reward_curve.py, polite annotator, 25% flips) the best frozen "
-                    f"feature needed about {CURVE_VOTES_FOR_TARGET} votes in all for 65% held-out accuracy: about "
+                    f"feature needed about {CURVE_VOTES_FOR_TARGET} votes in all for ~64% held-out accuracy: about "
                     f"{max(CURVE_VOTES_FOR_TARGET - n_votes, 0)} more")
         raise RoundRefused(
             f"The reward model's held-out accuracy {accuracy:.1%} ({low:.0%}-{high:.0%}, 95% interval on {n_heldout} "
