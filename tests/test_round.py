@@ -132,3 +132,23 @@ def test_one_small_round_of_the_default_model_completes(tmp_path):
     assert store.round(result.round_id).status == "done"
     assert store.policy(result.policy_id).round == 1
     assert result.metrics["round/pairs_generated"] >= 1
+
+
+def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_model_dir, capsys):
+    import json
+
+    db = tmp_path / "demo.db"
+    settings = [arg for setting in tiny_settings(tmp_path) + ["votes.oversample=2"] for arg in ("--set", setting)]
+    code = app.main(["--demo-loop", "--rounds", "2", "--annotator", "longer", "--votes", "8", "--eval-prompts", "4",
+                     "--db", str(db), "--model", str(tiny_model_dir), *settings])
+    out = capsys.readouterr().out
+    assert code == 0
+    result = json.loads(out.strip().splitlines()[-1])
+    assert [row["round"] for row in result["rounds"]] == [1, 2]
+    for row in result["rounds"]:
+        assert set(row) == {"round", "rm_accuracy", "reward", "kl", "win_rate", "seconds"}
+        assert 0.0 <= row["win_rate"] <= 1.0
+    store = Store(db)
+    assert [p.round for p in store.policies()] == [0, 1, 2]
+    assert len(store.votes(annotator="sim:longer")) == 16
+    assert [r.status for r in store.rounds()] == ["done", "done"]
