@@ -5,7 +5,10 @@ the shipped ones. One run per temperature at the largest limit gives the whole c
 depend on the limit, so it ends under a limit L exactly when it ended in fewer than L tokens. Ends with one JSON
 line per temperature.
 
-    python bench/finish_rate.py --temperature 0.7 --max-new-tokens 512 --samples 2 --texts answers.json
+    python bench/finish_rate.py --prompts data/prompts.jsonl --n-prompts 16 --max-new-tokens 512 --threads 1
+    python bench/finish_rate.py --prompts everyday ...   # the 16 short everyday questions below
+
+On a shared CPU, --threads 1 can be many times faster than torch's default (threads fighting for cores).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from annotate.importers import read_prompts  # noqa: E402
 from rlhf.generate import AnswerSampling, generate_answers  # noqa: E402
 from rlhf.models import load_causal_lm, load_tokenizer  # noqa: E402
 
-PROMPTS = [
+EVERYDAY_PROMPTS = [
     "What is the capital of France?",
     "Give me three tips for sleeping better.",
     "Explain photosynthesis to a ten-year-old.",
@@ -45,6 +49,8 @@ PROMPTS = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="default")
+    parser.add_argument("--prompts", default="data/prompts.jsonl", help="a prompt file, or 'everyday' (built in)")
+    parser.add_argument("--n-prompts", type=int, default=16, help="the first N prompts of the file")
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.7])
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--repetition-penalty", type=float, default=1.0)
@@ -59,6 +65,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    prompts = EVERYDAY_PROMPTS if args.prompts == "everyday" else read_prompts(args.prompts)[:args.n_prompts]
     tokenizer = load_tokenizer(args.model)
     model = load_causal_lm(args.model)
     all_answers = []
@@ -66,15 +73,16 @@ def main() -> None:
         sampling = AnswerSampling(max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=args.top_p,
                                   repetition_penalty=args.repetition_penalty, batch_size=args.batch_size,
                                   seed=args.seed)
-        result = generate_answers(model, tokenizer, PROMPTS, n_per_prompt=args.samples, sampling=sampling)
+        result = generate_answers(model, tokenizer, prompts, n_per_prompt=args.samples, sampling=sampling)
         answers = [a for row in result.answers for a in row]
         ended = sorted(a.n_tokens for a in answers if a.finish_reason == "stop")
         curve = {limit: round(sum(n < limit for n in ended) / len(answers), 3)
                  for limit in args.limits if limit <= args.max_new_tokens}
         all_answers += [{"temperature": temperature, "prompt": prompt, **vars(a)}
-                        for prompt, row in zip(PROMPTS, result.answers) for a in row]
+                        for prompt, row in zip(prompts, result.answers) for a in row]
         print(json.dumps({
-            "temperature": temperature, "top_p": args.top_p, "repetition_penalty": args.repetition_penalty,
+            "prompts": args.prompts, "temperature": temperature, "top_p": args.top_p,
+            "repetition_penalty": args.repetition_penalty,
             "answers": len(answers),
             "finished_share_by_limit": curve,
             "finished_len_median": ended[len(ended) // 2] if ended else None,

@@ -3,8 +3,17 @@
 Two layers: `generate_tokens` returns the token tensors (prompt, response, masks) that PPO's experience phase
 needs; `generate_answers` decodes them into `Answer`s (text, n_tokens, finish_reason) for pairs shown to people.
 Pairs are whole answers (DESIGN "The round"), so the defaults stop at EOS with a generous limit and a moderate
-temperature (`bench/finish_rate.py` measures the share of answers that end, against 10% at temperature 1.0 with
-a 48-token limit).
+temperature. Measured with `bench/finish_rate.py` on the default model (16 everyday prompts, 2 answers each,
+temperature 0.7, top-p 0.95), the share of answers that end with EOS:
+
+    limit (tokens)                         128   160   256   384
+    no repetition penalty                  31%   38%   59%   75%
+    penalty 1.1 on the answer's tokens     44%   62%   91%   94%   <- the defaults: 256 tokens, 1.1
+    penalty 1.2 on the answer's tokens     62%   75%   84%   91%   (drifts into gibberish)
+
+Without a penalty most unfinished answers are loops ("A moment to pause, a moment to pause, ...") that no limit
+ends; with 1.1 the few left are long but coherent. Counting the prompt's tokens in the penalty (transformers'
+plain `repetition_penalty`) also penalises the chat template's EOS and the prompt's words: 81% at 256.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ ProgressCallback = Callable[[int, int], None]
 class AnswerSampling:
     """How answers are sampled."""
 
-    max_new_tokens: int = 160
+    max_new_tokens: int = 256
     """Limit on generated tokens per answer; an answer that reaches it without EOS finishes with "length"."""
     temperature: float = 0.7
     """Softmax temperature; 0 means greedy decoding (no sampling)."""
@@ -35,9 +44,9 @@ class AnswerSampling:
     """Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p (1.0 keeps all)."""
     top_k: int = 0
     """Keep only the k most likely tokens before sampling (0 disables it)."""
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = 1.1
     """CTRL's penalty on tokens already in the answer (the prompt is not counted: its words and the chat
-    template's EOS stay free); applied after top-p picked the nucleus. 1.0 disables it."""
+    template's EOS stay free); applied after top-p picked the nucleus. 1.0 disables it; 1.2 already derails."""
     batch_size: int = 16
     """Sequences generated together in one left-padded batch."""
     seed: int | None = None
