@@ -36,3 +36,17 @@ def tokenizer(tiny_model_dir):
     from rlhf.models import load_tokenizer
 
     return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir):
+    """The tiny model with its own random output matrix. With the embeddings tied, a random model's output at a
+    position resembles its input token, so greedy decoding repeats the last prompt token ("\\n") whatever the
+    prompt; untied, what it writes depends on the whole prompt, which the padding and pair tests need."""
+    from rlhf.models import load_causal_lm
+
+    model = load_causal_lm(tiny_model_dir)
+    generator = torch.Generator().manual_seed(0)
+    model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape, generator=generator))
+    model.config.tie_word_embeddings = False
+    return model

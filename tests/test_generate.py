@@ -18,22 +18,6 @@ from rlhf.models import load_causal_lm, load_tokenizer
 PROMPTS = ["Name a colour.", "Write one long sentence about the history of bridges in Europe.", "Hi"]
 
 
-def untied_tiny_model(path):
-    """The tiny model with its own random output matrix. With the embeddings tied, a random model's output at a
-    position resembles its input token, so greedy decoding repeats the last prompt token ("\\n") whatever the
-    prompt; untied, what it writes depends on the whole prompt, which the padding and pair tests need."""
-    model = load_causal_lm(path)
-    generator = torch.Generator().manual_seed(0)
-    model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape, generator=generator))
-    model.config.tie_word_embeddings = False
-    return model
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tiny_model_dir):
-    return untied_tiny_model(tiny_model_dir)
-
-
 def test_every_prompt_gets_n_answers_and_a_cut_answer_has_exactly_the_limit(tiny_model, tokenizer):
     sampling = AnswerSampling(max_new_tokens=6, temperature=1.0, batch_size=4, seed=1)
     result = generate_answers(tiny_model, tokenizer, PROMPTS, n_per_prompt=3, sampling=sampling)

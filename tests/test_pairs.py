@@ -3,12 +3,11 @@
 from argparse import Namespace
 
 import pytest
-import torch
 
 from annotate.pairs import PairsReport, command_generate_pairs, earlier_policy, ensure_base_policy, make_pairs, usable
 from annotate.store import Store
 from rlhf.generate import Answer, AnswerSampling
-from rlhf.models import build_tiny_model, load_causal_lm
+from rlhf.models import build_tiny_model
 
 SHORT = AnswerSampling(max_new_tokens=4, temperature=1.0, batch_size=8, seed=0)
 
@@ -18,22 +17,6 @@ def store():
     with Store(":memory:") as store:
         store.add_prompts([f"Question number {i}?" for i in range(1, 7)], source="test")
         yield store
-
-
-def untied_tiny_model(path):
-    """The tiny model with its own random output matrix. With the embeddings tied, a random model's output at a
-    position resembles its input token, so greedy decoding repeats the last prompt token ("\\n") whatever the
-    prompt; untied, what it writes depends on the whole prompt, which the padding and pair tests need."""
-    model = load_causal_lm(path)
-    generator = torch.Generator().manual_seed(0)
-    model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape, generator=generator))
-    model.config.tie_word_embeddings = False
-    return model
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tiny_model_dir):
-    return untied_tiny_model(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
