@@ -87,6 +87,14 @@ def load_policy_model(path: str):
     return model, load_tokenizer(path)
 
 
+def _model_and_tokenizer(model_path_or_model, tokenizer):
+    """A loaded model as given, or the policy at a path loaded once (its tokenizer unless one is given)."""
+    if isinstance(model_path_or_model, str) or hasattr(model_path_or_model, "__fspath__"):
+        model, loaded_tokenizer = load_policy_model(str(model_path_or_model))
+        return model, tokenizer or loaded_tokenizer
+    return model_path_or_model, tokenizer
+
+
 def select_prompts(store, n: int, how: str, rng: random.Random) -> list[Prompt]:
     """n prompts: those with the fewest pairs first (oldest among equals), or a seeded random draw."""
     if how == "least_used":
@@ -172,10 +180,7 @@ def make_pairs(
     if not prompts:
         return report
 
-    model = model_path_or_model
-    if isinstance(model, str) or hasattr(model, "__fspath__"):
-        model, loaded_tokenizer = load_policy_model(str(model))
-        tokenizer = tokenizer or loaded_tokenizer
+    model, tokenizer = _model_and_tokenizer(model_path_or_model, tokenizer)
     if n_versus and versus_model is None:
         versus_model, _ = load_policy_model(opponent.path)
     report.versus_policy_id = opponent.id if n_versus else None
@@ -221,10 +226,7 @@ def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, polic
     prompts = select_prompts(store, math.ceil(n_pairs * prompts_per_pair), "least_used", rng) if n_pairs > 0 else []
     if not prompts:
         return report
-    model = model_path_or_model
-    if isinstance(model, str) or hasattr(model, "__fspath__"):
-        model, loaded_tokenizer = load_policy_model(str(model))
-        tokenizer = tokenizer or loaded_tokenizer
+    model, tokenizer = _model_and_tokenizer(model_path_or_model, tokenizer)
     result = generate_answers(model, tokenizer, [p.text for p in prompts], n_per_prompt=per_prompt,
                               sampling=sampling, show_bar=show_bar)
     _merge_stats(report.stats, result.stats)
