@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     pairs = parser.add_argument_group("generating pairs (--generate-pairs)")
     pairs.add_argument("--versus-share", type=float, default=0.0, metavar="F",
                        help="share of versus pairs: the current policy against the previous one (default 0)")
-    pairs.add_argument("--max-new-tokens", type=int, metavar="N", help="longest answer in tokens (default 256)")
+    pairs.add_argument("--max-new-tokens", type=int, metavar="N", help="longest answer in tokens (default 512)")
     pairs.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (default 0.7)")
     sft = parser.add_argument_group("supervised fine-tuning (--sft)")
     sft.add_argument("--sft-epochs", type=int, metavar="N", help="passes over the examples (default 2)")
