@@ -225,11 +225,11 @@ def run_round(db_path: str | Path, base_model: str, config: LoopConfig, log: Log
             lock.acquire()
             plan = plan_round(store, base_model, config, exclude_prompts, log)
         except RoundRefused as error:
-            refusal = str(error)
+            refusal = error
             lock.release()
-    plan, refusal = _broadcast((plan, refusal))
-    if refusal:
-        raise (RoundBusy if "Another round" in refusal else RoundRefused)(refusal)
+    plan, refusal = _broadcast((plan, refusal))  # the refusal itself, so every process raises the same kind
+    if refusal is not None:
+        raise refusal
     started = time.perf_counter()
     metrics: dict = {}
 
