@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lora", action="store_true", help="LoRA adapters on actor and critic")
     parser.add_argument("--no-reuse", action="store_true",
                         help="separate no-grad passes for old log-probs and values (to measure what reuse saves)")
+    parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default="auto",
+                        help="auto: bf16 on CUDA, fp32 on CPU; bf16: autocast and bf16 frozen models on any device")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     args = parser.parse_args(argv)
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> dict:
     config = PPOConfig(batch_size=args.batch_size, mini_batch_size=args.batch_size, ppo_epochs=1,
                        max_new_tokens=args.max_new_tokens,
                        min_new_tokens=args.max_new_tokens if args.full_length else 0,
-                       use_lora=args.lora, reuse_forward=not args.no_reuse, seed=args.seed)
+                       use_lora=args.lora, reuse_forward=not args.no_reuse, seed=args.seed,
+                       mixed_precision=args.mixed_precision)
     actor_path = resolve_model_path(args.model)
     with tempfile.TemporaryDirectory(prefix="ppo-bench-rm-") as reward_dir:
         RewardModel.from_causal_lm(actor_path).save_pretrained(reward_dir, tokenizer=load_tokenizer(actor_path))

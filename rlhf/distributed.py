@@ -45,4 +45,18 @@ def make_accelerator(mixed_precision: str = "auto", **kwargs):
             precision = "bf16"
         else:
             precision = "no"
+    _forget_other_precision(precision)
     return Accelerator(mixed_precision=precision, cpu=not has_accelerator(), **kwargs)
+
+
+def _forget_other_precision(precision: str | None) -> None:
+    """Let one process train in one precision and then in another (a round: the reward model, then PPO).
+
+    accelerate keeps one process-wide AcceleratorState and refuses an Accelerator whose precision differs
+    from the first one's. Only the precision part is dropped: the process group (PartialState) stays.
+    """
+    from accelerate.state import AcceleratorState
+
+    state = AcceleratorState._shared_state
+    if precision is not None and state and state.get("_mixed_precision") != precision:
+        AcceleratorState._reset_state(reset_partial_state=False)

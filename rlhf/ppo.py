@@ -115,12 +115,17 @@ class PPOConfig:
     """Seed of sampling, prompt order and LoRA initialisation."""
     reuse_forward: bool = True
     """With one epoch over one mini-batch, take old log-probs/values from the update's own forward pass."""
+    mixed_precision: str = "auto"
+    """auto: bf16 on CUDA, fp32 on CPU (or what `accelerate launch` says); "bf16" forces bf16 autocast with
+    the frozen models stored in bf16 (CPUs with AVX512-BF16 or AMX do it fast); "no" is fp32 throughout."""
 
     def __post_init__(self):
         if self.batch_size < 1 or self.mini_batch_size < 1 or self.ppo_epochs < 1:
             raise ValueError("batch_size, mini_batch_size and ppo_epochs must be at least 1")
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError("min_new_tokens cannot exceed max_new_tokens")
+        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, not {self.mixed_precision!r}")
 
     @property
     def fused_first_update(self) -> bool:
@@ -128,9 +133,9 @@ class PPOConfig:
         return self.reuse_forward and self.ppo_epochs == 1 and self.mini_batch_size >= self.batch_size
 
 
-def make_accelerator() -> Accelerator:
-    """PPO's Accelerator: bf16 where CUDA supports it, fp32 otherwise (see rlhf.distributed.make_accelerator)."""
-    return distributed.make_accelerator("auto")
+def make_accelerator(mixed_precision: str = "auto") -> Accelerator:
+    """PPO's Accelerator (see rlhf.distributed.make_accelerator): auto is bf16 where CUDA supports it, else fp32."""
+    return distributed.make_accelerator(mixed_precision)
 
 
 class PPOTrainer:
@@ -146,7 +151,7 @@ class PPOTrainer:
     def __init__(self, actor, critic, tokenizer, config: PPOConfig, reward_model=None, reference=None,
                  accelerator: Accelerator | None = None):
         self.config = config
-        self.accelerator = accelerator or make_accelerator()
+        self.accelerator = accelerator or make_accelerator(config.mixed_precision)
         set_seed(config.seed, device_specific=True)
         if reference is None and not hasattr(actor, "disable_adapter"):
             raise ValueError("PPOTrainer needs a reference model, or a LoRA (peft) actor to serve as its own")

@@ -78,8 +78,9 @@ def build_ppo_trainer(
     LoRA mode holds shared weights once: the reference is the actor with adapters disabled when it is the
     same model, and the reward model is the critic with adapters disabled when the critic starts from it.
     """
-    accelerator = accelerator or make_accelerator()
-    frozen_dtype = default_dtype(accelerator.device)
+    accelerator = accelerator or make_accelerator(config.mixed_precision)
+    # frozen models are only read: stored in the precision the matmuls run in (half the memory under bf16)
+    frozen_dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else default_dtype(accelerator.device)
     same_reference = reference_path is None or _same_model(reference_path, actor_path)
     same_critic = critic_path is None or _same_model(critic_path, reward_model_path)
     tokenizer = load_tokenizer(actor_path)

@@ -269,6 +269,14 @@ def test_lora_ppo_learns_with_the_reference_held_once(peaked_model_dir, tokenize
     assert hasattr(trainer.unwrapped_actor(), "disable_adapter")  # merging worked on a copy
 
 
+def test_bf16_ppo_learns_with_the_first_ratio_still_exact(peaked_model_dir, tokenizer):
+    trainer = learning_trainer(peaked_model_dir, tokenizer, steps=6, mixed_precision="bf16")
+    assert trainer.accelerator.mixed_precision == "bf16"
+    history = trainer.train(PROMPTS * 4)
+    assert_learns(history)
+    assert history[0]["ppo/approx_kl"] == 0.0  # old and new log-probs come from the same bf16 forward
+
+
 def test_several_epochs_over_mini_batches_and_adaptive_kl(peaked_model_dir, tokenizer):
     trainer = learning_trainer(peaked_model_dir, tokenizer, batch_size=8, mini_batch_size=4, ppo_epochs=2,
                                adaptive_kl=True, kl_target=1.0, kl_horizon=100.0)
@@ -323,6 +331,21 @@ def test_train_ppo_runs_from_folders_and_saves_a_plain_model(tiny_model_dir, rew
     assert [m["ppo/step"] for m in result.history] == [1, 2] and seen == result.history
     assert result.config["max_new_tokens"] == 4 and result.config["temperature"] == 0.7
     assert load_causal_lm(result.saved_path).config.vocab_size == 49152
+
+
+def test_bf16_keeps_frozen_models_in_bf16_and_trained_ones_in_fp32(tiny_model_dir, reward_model_dir):
+    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=4, mixed_precision="bf16")
+    trainer = build_ppo_trainer(tiny_model_dir, reward_model_dir, config)
+    assert next(trainer.reference.parameters()).dtype == torch.bfloat16
+    assert next(trainer.reward_model.parameters()).dtype == torch.bfloat16
+    assert next(trainer.unwrapped_actor().parameters()).dtype == torch.float32  # AdamW updates stay exact
+    assert next(trainer.unwrapped_critic().parameters()).dtype == torch.float32
+    metrics = trainer.step(PROMPTS[:2])
+    assert math.isfinite(metrics["ppo/kl"]) and math.isfinite(metrics["ppo/value_loss"])
+    fp32 = build_ppo_trainer(tiny_model_dir, reward_model_dir, PPOConfig(batch_size=2, mini_batch_size=2,
+                                                                         max_new_tokens=4, mixed_precision="no"))
+    assert fp32.accelerator.mixed_precision == "no"  # one process may switch precision (reward model, then PPO)
+    assert next(fp32.reference.parameters()).dtype == torch.float32
 
 
 def test_command_trains_from_a_prompt_file(tiny_model_dir, reward_model_dir, tmp_path, capsys):
