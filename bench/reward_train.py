@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-length", type=int, default=128, help="tokens per sequence (default 128)")
     parser.add_argument("--lr", type=float, default=2e-5, help="peak learning rate (default 2e-5)")
     parser.add_argument("--loss", choices=["divergence", "last_token"], default="divergence", help="loss form")
-    parser.add_argument("--share-prompt", action="store_true",
-                        help="run each pair's prompt once for both answers (RewardTrainConfig.share_prompt)")
+    parser.add_argument("--no-share-prompt", dest="share_prompt", action="store_false",
+                        help="run each pair's prompt twice, once per answer (RewardTrainConfig.share_prompt off)")
+    parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default="auto",
+                        help="auto: bf16 on CUDA, fp32 on CPU; bf16 forces autocast (CPUs with AVX512-BF16 do it)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, split and training (default 0)")
     args = parser.parse_args(argv)
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
         model=args.model, learning_rate=args.lr, epochs=args.epochs, max_steps=args.steps,
         batch_size=args.batch_size, max_length=args.max_length, loss_form=args.loss,
         heldout_fraction=args.heldout_fraction, seed=args.seed, eval_batch_size=args.batch_size,
-        share_prompt=args.share_prompt,
+        share_prompt=args.share_prompt, mixed_precision=args.mixed_precision,
     )
     started = time.perf_counter()
     result = train_reward_model(pairs, config)
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
         "max_length": args.max_length,
         "loss_form": args.loss,
         "share_prompt": args.share_prompt,
+        "mixed_precision": args.mixed_precision,
         "n_train": metrics["rm/n_train"],
         "n_heldout": metrics["rm/n_heldout"],
         "steps": metrics["rm/steps"],
