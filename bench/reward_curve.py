@@ -12,7 +12,7 @@ start from the same random 32; random then shows further random pairs, active qu
 ensemble disagrees on most, plus a random share. Ends with one JSON line.
 
     python bench/curve_data.py --max-new-tokens 64        # once (minutes on CPU), resumable
-    python bench/reward_curve.py --seeds 5 --sizes 32,64,128,200,256
+    python bench/reward_curve.py        # 10 seeds, 32-384 votes (and pairs shown), about a minute
 """
 
 from __future__ import annotations
@@ -36,27 +36,35 @@ from rlhf import bt_head  # noqa: E402
 from rlhf.active import candidate_pairs, select_pairs  # noqa: E402
 from rlhf.reward_strategies import FeatureExtractor, StrategyConfig, fit_feature_heads  # noqa: E402
 
-FEATURES = ("last@-1", "mean@-1", "mean@15", "mean@4", "mean@0")
-"""SmolLM2-135M has 30 layers: hidden_states[0] is the token embeddings (mean: a bag of words), [15] the middle
-layer, [-1] the final-normed output."""
-STRATEGIES = ("head:last@-1", "ensemble:last@-1", "head:mean@-1", "head:mean@15", "head:mean@4", "head:mean@0")
+FEATURES = ("last@-1", "mean@-1", *(f"mean@{layer}" for layer in range(30)))
+"""Cached for every answer (one forward pass gives them all). SmolLM2-135M has 30 layers: hidden_states[0] is the
+token embeddings (mean: a bag of words), [15] the middle layer, [-1] the final-normed output."""
+STRATEGIES = ("head:last@-1", "head:mean@-1", "head:mean@15", "head:mean@0", "head:mean@2", "ensemble:mean@2",
+              "head:mean@3", "head:mean@4")
 
 
-def load_features(rows: list[dict], model: str, tag: str) -> tuple[dict[tuple[str, str], int], dict[str, torch.Tensor]]:
-    """(index of each (prompt, answer), {feature: (N, D)}), computing only answers not in the cache file yet."""
+def load_features(rows: list[dict], model: str, tag: str,
+                  features=FEATURES) -> tuple[dict[tuple[str, str], int], dict[str, torch.Tensor]]:
+    """(index of each (prompt, answer), {feature: (N, D)}), computing only what the cache file lacks: answers not
+    in it yet (every feature) and features not in it yet (every answer)."""
     path = CACHE_DIR / f"curve-features-{tag}.pt"
-    saved = torch.load(path) if path.is_file() else {"keys": [], "features": {f: torch.empty(0) for f in FEATURES}}
+    saved = torch.load(path) if path.is_file() else {"keys": [], "features": {}}
     keys = [tuple(k) for k in saved["keys"]]
     known = set(keys)
     missing = list(dict.fromkeys((r["prompt"], a) for r in rows for a in r["answers"] if (r["prompt"], a) not in known))
-    if missing:
-        print(f"features of {len(missing)} answers ...", file=sys.stderr, flush=True)
+    new_features = [f for f in features if f not in saved["features"]] if keys else []
+    if missing or new_features:
         started = time.perf_counter()
         extractor = FeatureExtractor.from_model(model, batch_size=16)
-        new = extractor.compute([p for p, _ in missing], [a for _, a in missing], FEATURES)
-        saved["features"] = {f: torch.cat([saved["features"][f].reshape(-1, new[f].shape[1]), new[f]])
-                             for f in FEATURES}
-        keys += missing
+        if new_features:
+            print(f"{len(new_features)} new features of {len(keys)} answers ...", file=sys.stderr, flush=True)
+            saved["features"].update(extractor.compute([p for p, _ in keys], [a for _, a in keys], new_features))
+        if missing:
+            print(f"features of {len(missing)} answers ...", file=sys.stderr, flush=True)
+            names = list(dict.fromkeys([*saved["features"], *features]))
+            new = extractor.compute([p for p, _ in missing], [a for _, a in missing], names)
+            saved["features"] = {f: torch.cat([saved["features"][f], new[f]]) if keys else new[f] for f in names}
+            keys += missing
         saved["keys"] = keys
         torch.save(saved, path)
         print(f"... {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
@@ -156,10 +164,10 @@ def main() -> int:
     parser.add_argument("--model", default="default")
     parser.add_argument("--annotator", default="polite", help="built-in rule or module:function")
     parser.add_argument("--flip", type=float, default=0.25, help="share of training votes flipped")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--sizes", default="32,64,128,200,256")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--sizes", default="32,64,128,200,256,384")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
-    parser.add_argument("--active-strategy", default="ensemble:last@-1")
+    parser.add_argument("--active-strategy", default="head:mean@2", help="what the round does by default")
     parser.add_argument("--active-share", type=float, default=0.25, help="random share of each active batch")
     parser.add_argument("--per-prompt", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)

@@ -40,6 +40,7 @@ from rlhf.ppo_experience import (
     response_log_probs,
     response_values,
     sampling_config,
+    sequence_answer_mask,
 )
 
 Tensor = torch.Tensor
@@ -142,7 +143,8 @@ class PPOTrainer:
     """Runs PPO steps on batches of prompts.
 
     actor: causal LM, trained (a peft model in LoRA mode). critic: value model (`rlhf.reward.RewardModel`
-    or anything whose `forward_value(input_ids, attention_mask)` has .values (B, L), .scores (B,)), trained.
+    or anything whose `forward_value(input_ids, attention_mask, answer_mask=None)` has .values (B, L), .scores
+    (B,)), trained.
     reference: frozen causal LM; None means the actor with its adapters disabled (LoRA mode only).
     reward_model: frozen value model; None means the critic with its adapters disabled (LoRA mode, when
     the critic was initialised from the reward model, as DeepSpeed-Chat initialises it).
@@ -206,13 +208,14 @@ class PPOTrainer:
         with self.unwrapped_actor().disable_adapter():
             return response_log_probs(self.unwrapped_actor(), sequences, attention_mask, width)[0]
 
-    def reward_scores(self, sequences: Tensor, attention_mask: Tensor) -> Tensor:
-        """(B,) reward-model scores of whole sequences; call under inference_mode."""
+    def reward_scores(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor) -> Tensor:
+        """(B,) reward-model scores of whole sequences (a mean-pooled one averages the response); inference_mode."""
+        answer_mask = sequence_answer_mask(action_mask, sequences.shape[1])  # (B, P+T)
         if self.reward_model is not None:
-            return self.reward_model.forward_value(sequences, attention_mask).scores
+            return self.reward_model.forward_value(sequences, attention_mask, answer_mask).scores
         critic = self.unwrapped_critic()
         with critic.disable_adapter():
-            return critic.forward_value(sequences, attention_mask).scores
+            return critic.forward_value(sequences, attention_mask, answer_mask).scores
 
     # ----- phases 4 and 5 -----
 
@@ -301,7 +304,7 @@ class PPOTrainer:
                     trainable = self.frozen_forward(sequences, attention_mask, width)
             with torch.inference_mode():
                 ref_log_probs = self.reference_log_probs(sequences, attention_mask, width)  # (B, T)
-                reward_score = self.reward_scores(sequences, attention_mask)  # (B,)
+                reward_score = self.reward_scores(sequences, attention_mask, action_mask)  # (B,)
         log_probs, values = (t.detach().clone().float() for t in trainable[:2])  # (B, T) each
         # 4 rewards and 5 advantages
         experience = self.make_experience(sequences, attention_mask, action_mask, ended, log_probs,

@@ -133,6 +133,15 @@ def response_log_probs(
     return log_probs, entropy
 
 
+def sequence_answer_mask(action_mask: Tensor, width: int) -> Tensor:
+    """The response's tokens in the whole-sequence layout: (B, T) action mask -> (B, width), 0 over the prompt.
+
+    What a mean-pooled reward model averages over (the answer it was trained on: its tokens, EOS included).
+    """
+    prompt_part = action_mask.new_zeros(action_mask.shape[0], width - action_mask.shape[1])  # (B, P)
+    return torch.cat([prompt_part, action_mask], dim=1)  # (B, P+T)
+
+
 def response_values(values: Tensor, response_width: int) -> Tensor:
     """Per-position values (B, P+T) -> the values of the states before each response token (B, T)."""
     return values[:, -response_width - 1:-1]  # (B, T)

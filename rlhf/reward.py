@@ -1,8 +1,12 @@
 """The reward model: a causal LM's decoder plus a linear value head (DeepSpeed-Chat step 2).
 
-`forward_value` gives a value per position (B, L) and the sequence score (B,), the value at each
-sequence's last real token. The per-position values are what a PPO critic needs, so the critic is
-initialised from a trained reward model with the same class (as DeepSpeed-Chat does).
+`forward_value` gives a value per position (B, L) and the sequence score (B,). The score definition is
+saved with the model: `pooling` "last" reads the value at each sequence's last real token (DeepSpeed-Chat),
+"mean" averages the values over the answer's tokens; `layer` -1 reads the decoder's final, normed output,
+a layer L >= 0 runs only the first L decoder layers and reads their output before the final norm (what
+`hidden_states[L]` holds in transformers), so a head fitted on frozen mid-layer features exports exactly
+and scores in a fraction of the full model's time. The per-position values are what a PPO critic needs,
+so the critic is initialised from a trained reward model with the same class (as DeepSpeed-Chat does).
 
 A saved reward model is a folder holding the backbone (`save_pretrained`, safetensors, loadable on its
 own with `AutoModel`), the head in `v_head.safetensors`, the tokenizer, and `reward_model.json`, which
@@ -11,6 +15,7 @@ marks the folder as a reward model and records where it came from.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import os
@@ -25,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, PreTrainedModel
 
-from rlhf.losses import last_token_scores
+from rlhf.losses import last_token_scores, masked_mean
 from rlhf.models import ModelNotFoundError, load_causal_lm, load_tokenizer
 
 MARKER_FILE = "reward_model.json"
@@ -34,14 +39,19 @@ FORMAT_NAME = "rlhf-loop reward model"
 FORMAT_VERSION = 1
 
 
+POOLINGS = ("last", "mean")
+"""How a sequence's score is read from its per-position values: at the last real token, or averaged over the answer."""
+
+
 @dataclass
 class RewardOutput:
     """What `RewardModel.forward_value` returns."""
 
     values: torch.Tensor
     """(B, L) value of every position (a critic's V(s_t)); padding positions hold meaningless numbers."""
-    scores: torch.Tensor
-    """(B,) the value at each sequence's last real token: the reward of prompt + answer."""
+    scores: torch.Tensor | None
+    """(B,) the reward of prompt + answer; None from a mean-pooled model called without an answer mask (a
+    critic needs only the values)."""
 
 
 def is_reward_model_dir(path: str | os.PathLike) -> bool:
@@ -54,12 +64,69 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
 
 
-class RewardModel(nn.Module):
-    """Backbone (a decoder returning hidden states, as `AutoModel` loads it) plus `v_head: D -> 1`, no bias."""
+class PassThroughNorm(nn.Module):
+    """Stands in for a decoder's final norm when the score reads an inner layer: returns its input unchanged.
 
-    def __init__(self, backbone: PreTrainedModel, v_head: nn.Linear | None = None, info: dict | None = None):
+    It keeps the norm's weights as buffers under the same names, so a truncated decoder saves and loads like
+    any other (no missing keys), while optimisers and DDP, which look at parameters, never see them.
+    """
+
+    def __init__(self, norm: nn.Module):
         super().__init__()
-        self.backbone = backbone
+        for name, tensor in [*norm.named_parameters(recurse=False), *norm.named_buffers(recurse=False)]:
+            self.register_buffer(name, tensor.detach())
+
+    def forward(self, hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return hidden
+
+
+def truncated_decoder(backbone: PreTrainedModel, n_layers: int) -> PreTrainedModel:
+    """A decoder that runs only the first `n_layers` layers of `backbone` and skips its final norm.
+
+    Its output is `backbone`'s hidden_states[n_layers] (for n_layers below the layer count). It is a new
+    module sharing `backbone`'s weights (no copy, `backbone` itself is left whole); its config says
+    n_layers, so `save_pretrained` writes a small model that `AutoModel` loads back. Decoders that keep
+    their layers in `.layers` and the final norm in `.norm` (Llama, Mistral, Qwen2, ...) are supported.
+    """
+    layers, norm = getattr(backbone, "layers", None), getattr(backbone, "norm", None)
+    if not isinstance(layers, nn.ModuleList) or not isinstance(norm, nn.Module):
+        raise ValueError(f"{type(backbone).__name__} keeps no .layers and .norm: a score on an inner layer needs a "
+                         "Llama-style decoder; use layer -1 (the final output) with this model.")
+    if not 0 <= n_layers <= len(layers):
+        raise ValueError(f"layer must be -1 or between 0 and {len(layers)} for this decoder, not {n_layers}")
+    truncated = copy.copy(backbone)  # a new module object over the same parameters
+    for table in ("_parameters", "_buffers", "_modules"):  # its own tables, so the changes below stay its own
+        truncated.__dict__[table] = dict(backbone.__dict__[table])
+    truncated.config = copy.deepcopy(backbone.config)
+    truncated.config.num_hidden_layers = n_layers
+    if isinstance(getattr(truncated.config, "layer_types", None), list):
+        truncated.config.layer_types = truncated.config.layer_types[:n_layers]
+    truncated.layers = nn.ModuleList(list(layers)[:n_layers])
+    truncated.norm = norm if isinstance(norm, PassThroughNorm) else PassThroughNorm(norm)
+    return truncated
+
+
+def answer_mean_scores(values: torch.Tensor, answer_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) mean of the values (B, L) over each row's answer positions (answer_mask (B, L) 1 there)."""
+    return masked_mean(values, answer_mask, dim=-1)  # (B,)
+
+
+class RewardModel(nn.Module):
+    """Backbone (a decoder returning hidden states, as `AutoModel` loads it) plus `v_head: D -> 1`, no bias.
+
+    `pooling` and `layer` define the score (module docstring); a layer L >= 0 keeps only the backbone's first
+    L decoder layers (`truncated_decoder`, sharing the given backbone's weights).
+    """
+
+    def __init__(self, backbone: PreTrainedModel, v_head: nn.Linear | None = None, info: dict | None = None,
+                 pooling: str = "last", layer: int = -1):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+        if layer < -1:
+            raise ValueError(f"layer must be -1 (the final output) or a decoder layer count >= 0, not {layer}")
+        self.pooling, self.layer = pooling, layer
+        self.backbone = backbone if layer == -1 else truncated_decoder(backbone, layer)
         hidden_size = backbone.config.hidden_size
         self.v_head = v_head if v_head is not None else nn.Linear(hidden_size, 1, bias=False)
         if self.v_head.in_features != hidden_size or self.v_head.out_features != 1:
@@ -99,7 +166,9 @@ class RewardModel(nn.Module):
         v_head = nn.Linear(head_weight.shape[1], 1, bias=False)
         with torch.no_grad():
             v_head.weight.copy_(head_weight)
-        return cls(backbone, v_head, info=info.get("info", {}))
+        # folders from before the score definition was saved score at the last token of the final output
+        return cls(backbone, v_head, info=info.get("info", {}), pooling=info.get("pooling", "last"),
+                   layer=int(info.get("layer", -1)))
 
     def save_pretrained(self, path: str | os.PathLike, tokenizer=None) -> Path:
         """Write backbone, head, tokenizer and marker to `path`, atomically: a crash leaves no half folder."""
@@ -114,7 +183,7 @@ class RewardModel(nn.Module):
                 tokenizer.save_pretrained(staging)
             marker = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "head_file": HEAD_FILE,
                       "hidden_size": int(head.shape[1]), "backbone_class": type(self.backbone).__name__,
-                      "info": self.info}
+                      "pooling": self.pooling, "layer": self.layer, "info": self.info}
             (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2, default=str), encoding="utf-8")
             old = None
             if path.exists():  # move the previous model aside first: at every moment one whole model is there
@@ -130,8 +199,13 @@ class RewardModel(nn.Module):
 
     # ---- use -----------------------------------------------------------------------------------------
 
-    def forward_value(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> RewardOutput:
-        """Values at every position and the score at each row's last real token; left or right padding."""
+    def forward_value(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      answer_mask: torch.Tensor | None = None) -> RewardOutput:
+        """Values at every position and each row's score; left or right padding.
+
+        answer_mask (B, L), 1 on the answer's tokens (its EOS included), is what a mean-pooled score averages
+        over; without it such a model returns the values only (scores None). Last-token scores ignore it.
+        """
         hidden = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -139,7 +213,14 @@ class RewardModel(nn.Module):
             use_cache=False,
         ).last_hidden_state  # (B, L, D)
         values = self.v_head(hidden).squeeze(-1)  # (B, L)
-        return RewardOutput(values=values, scores=last_token_scores(values, attention_mask))  # (B, L), (B,)
+        return RewardOutput(values=values, scores=self.scores_from_values(values, attention_mask, answer_mask))
+
+    def scores_from_values(self, values: torch.Tensor, attention_mask: torch.Tensor,
+                           answer_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """(B,) the score of each row under this model's pooling, from its values (B, L)."""
+        if self.pooling == "last":
+            return last_token_scores(values, attention_mask)  # (B,)
+        return None if answer_mask is None else answer_mean_scores(values, answer_mask)  # (B,)
 
     def forward_shared_prompt(
         self,
@@ -173,7 +254,8 @@ class RewardModel(nn.Module):
             use_cache=True, **{self._cache_argument(): cache},
         ).last_hidden_state  # (kN, A, D)
         values = self.v_head(hidden).squeeze(-1)  # (kN, A)
-        return RewardOutput(values=values, scores=last_token_scores(values, answer_mask))  # (kN, A), (kN,)
+        # the rows are the answers alone: their last real token, or the mean over all of them
+        return RewardOutput(values=values, scores=self.scores_from_values(values, answer_mask, answer_mask))
 
     def forward(
         self,

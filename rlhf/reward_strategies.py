@@ -8,9 +8,10 @@
 
 Every trained model scores answers, gives P(a preferred to b) and a disagreement per pair (the spread of bootstrap
 heads on the frozen features, also for "full", so active selection works whatever scores), and saves a folder that
-`RewardModel.from_pretrained` loads for PPO. The exact bridge: with the last layer's last-token feature
-("last@-1") a head IS a v_head on the backbone (RewardModel scores the last real token of the last hidden state),
-so the saved folder scores exactly as the head does; other features cannot be exported and say so.
+`RewardModel.from_pretrained` loads for PPO. The exact bridge: a head on "pooling@L" features IS a v_head on the
+backbone's layer L with the same pooling (RewardModel's `pooling` and `layer`: the mean of w . h_t over the answer's
+tokens equals w . mean_t h_t), so the saved folder scores exactly as the head does, for every feature. A layer
+below the last saves only the first L decoder layers, which is also what PPO then runs to score.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rlhf import bt_head
-from rlhf.reward import RewardModel, load_reward_model, load_reward_tokenizer
+from rlhf.reward import MARKER_FILE, RewardModel, load_reward_model, load_reward_tokenizer
 from rlhf.reward_data import PairLike, PreferencePair, split_pairs, tokenize_pairs
 from rlhf.reward_train import RewardTrainConfig, train_reward_model
 
 STRATEGIES = ("head", "ensemble", "full")
-EXPORTABLE_FEATURE = "last@-1"
-"""The feature whose head is exactly a RewardModel v_head: last real token of the last layer (after the final norm)."""
+DEFAULT_FEATURE = "mean@2"
+"""The frozen feature of the head strategies: bench/reward_curve.py (polite annotator, 25% flips, 10 splits) had
+the answer-mean of layer 2 best at 128-200 votes (62%, 65%), layers 3-4 a point behind, the last token at chance."""
 HEADS_FILE = "bt_heads.safetensors"
 STRATEGY_FILE = "preference_strategy.json"
 
@@ -41,8 +43,8 @@ STRATEGY_FILE = "preference_strategy.json"
 class StrategyConfig:
     """How a preference model is trained from votes (any strategy)."""
 
-    feature: str = EXPORTABLE_FEATURE
-    """Pooling@layer of the frozen features: "last@-1" (exportable), "mean@-1", "mean@15", ... (hidden_states index)."""
+    feature: str = DEFAULT_FEATURE
+    """Pooling@layer of the frozen features: "mean@4", "last@-1", "mean@-1", ... (pooling@hidden_states index)."""
     heldout_fraction: float = 0.2
     """Share of votes held out (seeded split by pair, as train_reward_model does) to measure accuracy."""
     seed: int = 0
@@ -64,15 +66,17 @@ class VotesConfig:
     """The [votes] section of rlhf-loop.toml: which reward-model strategy a round uses and how it picks pairs."""
 
     strategy: str = "auto"
-    """"auto" (by vote count, from bench/reward_curve.py), or always "head", "ensemble" or "full"."""
+    """"auto" (by vote count, from bench/reward_curve.py: one head on `feature`), or always "head", "ensemble" or
+    "full"."""
     full_from_votes: int = 1_000_000
     """With "auto": fine-tune all weights from this many votes on. Off: full fine-tuning sat at chance at 89 votes
     (issue 8) and the curve bench could not afford it on CPU."""
-    ensemble_from_votes: int = 64
-    """With "auto": the mean of bootstrap heads from this many votes on (below it one cross-validated head; the curve
-    had them level at 32 votes and the ensemble a point or two ahead at 64-128)."""
-    feature: str = EXPORTABLE_FEATURE
-    """Frozen feature of the head strategies; PPO needs "last@-1", the one that exports as a RewardModel."""
+    ensemble_from_votes: int = 1_000_000
+    """With "auto": the mean of bootstrap heads from this many votes on. Off: on mean@2 the single cross-validated
+    head was 1.2-1.9 points ahead of the ensemble from 128 votes on (the heads are fitted either way, for the
+    disagreement that chooses the next pairs)."""
+    feature: str = DEFAULT_FEATURE
+    """Frozen feature of the head strategies, "pooling@layer" (every one exports as the RewardModel PPO uses)."""
     n_heads: int = 8
     """Bootstrap heads (disagreement for active selection; the "ensemble" score)."""
     cv_folds: int = 5
@@ -130,6 +134,20 @@ def parse_feature(feature: str) -> tuple[str, int]:
     return pooling, int(layer)
 
 
+def canonical_feature(feature: str, n_layers: int) -> str:
+    """The feature with its layer as RewardModel's `layer` reads it: 0 <= L < n_layers, or -1 for the final output.
+
+    hidden_states has n_layers + 1 entries and its last one is the final norm's output, so "mean@30" of a 30-layer
+    decoder is "mean@-1", and "mean@-2" is "mean@29". A layer past a shallow model's last (the default feature on
+    a model smaller than the one it was measured on) reads its final output.
+    """
+    pooling, layer = parse_feature(feature)
+    if layer < -(n_layers + 1):
+        raise ValueError(f"feature {feature!r}: this model has hidden states 0..{n_layers} (or -1 for the last)")
+    layer = min(layer, n_layers) % (n_layers + 1)
+    return f"{pooling}@{-1 if layer == n_layers else layer}"
+
+
 class FeatureExtractor:
     """Pooled hidden states of a frozen backbone for (prompt, answer) texts, each text pair computed once."""
 
@@ -163,7 +181,9 @@ class FeatureExtractor:
         """{feature: (N, D)} for several features from one pass per batch (uncached: the bench stores its own)."""
         from rlhf.reward import position_ids_from_mask
 
-        specs = {f: parse_feature(f) for f in features}
+        n_layers = self.reward_model.backbone.config.num_hidden_layers
+        specs = {f: parse_feature(canonical_feature(f, n_layers)) for f in features}
+        inner = any(layer != -1 for _, layer in specs.values())
         tokenized = tokenize_pairs(self.tokenizer, [PreferencePair(p, a, a) for p, a in zip(prompts, answers)],
                                    self.max_length)
         rows = [(t.prompt_ids + t.chosen_answer_ids, len(t.prompt_ids)) for t in tokenized]
@@ -183,13 +203,15 @@ class FeatureExtractor:
                 mask[r, :len(tokens)] = 1
                 answer_mask[r, prompt_len:len(tokens)] = 1
             ids, mask = ids.to(device), mask.to(device)
-            hidden_states = self.reward_model.backbone(
+            output = self.reward_model.backbone(
                 input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                output_hidden_states=True, use_cache=False,
-            ).hidden_states  # tuple of (B, L, D), embeddings first, the final-normed output last
+                output_hidden_states=inner, use_cache=False,
+            )  # hidden_states: tuple of (B, L, D), embeddings first, the final output last
             last = mask.sum(1) - 1  # (B,) last real token (right padding)
             for name, (pooling, layer) in specs.items():
-                hidden = hidden_states[layer].float().cpu()  # (B, L, D)
+                # the final output from last_hidden_state: a truncated decoder (a saved mean@L model) has no
+                # inner layer to capture, its output is hidden_states[L] of the whole model
+                hidden = (output.last_hidden_state if layer == -1 else output.hidden_states[layer]).float().cpu()
                 if pooling == "last":
                     pooled = hidden[torch.arange(len(batch)), last.cpu()]  # (B, D)
                 else:
@@ -245,19 +267,12 @@ class TrainedPreferenceModel:
         return float((self.score(prompts, chosen) > self.score(prompts, rejected)).float().mean())
 
     def save(self, path: str | Path) -> Path:
-        """A RewardModel folder (for PPO and RewardModel.from_pretrained) plus the bootstrap heads and settings."""
-        if self.reward_model is not None:
-            model = self.reward_model
-        elif self.feature == EXPORTABLE_FEATURE:
-            backbone = self.extractor.reward_model.backbone
-            v_head = nn.Linear(self.weight.shape[0], 1, bias=False)
-            with torch.no_grad():
-                v_head.weight.copy_(self.weight.reshape(1, -1).to(v_head.weight.dtype))
-            model = RewardModel(backbone, v_head, info={**self.extractor.reward_model.info,
-                                                        "strategy": self.strategy})
-        else:
-            raise ValueError(f"A head on {self.feature!r} features is not a RewardModel v_head; only "
-                             f"{EXPORTABLE_FEATURE!r} (last token of the last layer) exports exactly for PPO.")
+        """A RewardModel folder (for PPO and RewardModel.from_pretrained) plus the bootstrap heads and settings.
+
+        A head strategy's folder is the frozen backbone (its first L layers for a feature of layer L) with the head
+        as v_head and the feature's pooling: it scores exactly as `score` does.
+        """
+        model = self.reward_model if self.reward_model is not None else self.as_reward_model()
         path = model.save_pretrained(path, tokenizer=self.extractor.tokenizer)
         save_file({"heads": self.heads.float().contiguous()}, str(path / HEADS_FILE))
         base = self.extractor.reward_model.info.get("base_model")
@@ -265,6 +280,16 @@ class TrainedPreferenceModel:
                                                       "base_model": base, "metrics": self.metrics},
                                                      indent=2, default=str))
         return path
+
+    def as_reward_model(self) -> RewardModel:
+        """The head strategy as a RewardModel: v_head = the head on the feature's layer and pooling (shared weights)."""
+        backbone = self.extractor.reward_model.backbone
+        pooling, layer = parse_feature(canonical_feature(self.feature, backbone.config.num_hidden_layers))
+        v_head = nn.Linear(self.weight.shape[0], 1, bias=False)
+        with torch.no_grad():
+            v_head.weight.copy_(self.weight.reshape(1, -1).to(v_head.weight.dtype))
+        return RewardModel(backbone, v_head, info={**self.extractor.reward_model.info, "strategy": self.strategy,
+                                                   "feature": self.feature}, pooling=pooling, layer=layer)
 
     @classmethod
     def load(cls, path: str | Path, batch_size: int = 16, max_length: int = 512) -> "TrainedPreferenceModel":
@@ -281,21 +306,34 @@ class TrainedPreferenceModel:
         return cls(saved["strategy"], extractor, saved["feature"], weight, heads, saved["metrics"])
 
 
+def pad_answers(tokenizer, prompts: Sequence[str], answers: Sequence[str], max_length: int = 512,
+                side: str = "right") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, answer_mask), each (N, L): prompt + answer + EOS tokenised as the reward
+    model's training data is, padded on `side`; answer_mask is 1 on the answer's tokens (EOS included)."""
+    tokenized = tokenize_pairs(tokenizer, [PreferencePair(p, a, a) for p, a in zip(prompts, answers)], max_length)
+    width = max(len(t.chosen_ids) for t in tokenized)
+    ids = torch.full((len(tokenized), width), tokenizer.pad_token_id, dtype=torch.long)  # (N, L)
+    attention_mask = torch.zeros((len(tokenized), width), dtype=torch.long)  # (N, L)
+    answer_mask = torch.zeros((len(tokenized), width), dtype=torch.long)  # (N, L)
+    for row, pair in enumerate(tokenized):
+        start = 0 if side == "right" else width - len(pair.chosen_ids)
+        ids[row, start:start + len(pair.chosen_ids)] = torch.tensor(pair.chosen_ids)
+        attention_mask[row, start:start + len(pair.chosen_ids)] = 1
+        answer_mask[row, start + len(pair.prompt_ids):start + len(pair.chosen_ids)] = 1
+    return ids, attention_mask, answer_mask
+
+
 @torch.inference_mode()
 def score_with_reward_model(model: RewardModel, tokenizer, prompts: Sequence[str], answers: Sequence[str],
                             batch_size: int = 16, max_length: int = 512) -> torch.Tensor:
     """(N,) RewardModel scores of prompt + answer + EOS, tokenised as the reward model's training data is."""
-    from rlhf.reward_data import PairCollator
-
     model.eval()
-    tokenized = tokenize_pairs(tokenizer, [PreferencePair(p, a, a) for p, a in zip(prompts, answers)], max_length)
-    collate = PairCollator(tokenizer.pad_token_id)
     device = next(model.parameters()).device
     scores = []
-    for start in range(0, len(tokenized), batch_size):
-        batch = collate(tokenized[start:start + batch_size])  # chosen rows then the same again as "rejected"
-        n = len(tokenized[start:start + batch_size])
-        output = model.forward_value(batch["input_ids"][:n].to(device), batch["attention_mask"][:n].to(device))
+    for start in range(0, len(prompts), batch_size):
+        ids, mask, answer_mask = pad_answers(tokenizer, prompts[start:start + batch_size],
+                                             answers[start:start + batch_size], max_length)  # (n, L) each
+        output = model.forward_value(ids.to(device), mask.to(device), answer_mask.to(device))
         scores.append(output.scores.float().cpu())  # (n,)
     return torch.cat(scores)  # (N,)
 
@@ -314,6 +352,15 @@ def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, 
     return weight, heads, metrics
 
 
+def scores_last_token(path: str | Path | None) -> bool:
+    """Whether `path` is a reward model folder scoring the last token of the final output (what "full" trains:
+    a head strategy's mean@L folder is no starting point for it)."""
+    if not path or not (Path(path) / MARKER_FILE).is_file():
+        return False
+    marker = json.loads((Path(path) / MARKER_FILE).read_text(encoding="utf-8"))
+    return marker.get("pooling", "last") == "last" and int(marker.get("layer", -1)) == -1
+
+
 def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config: StrategyConfig | None = None,
                    extractor: FeatureExtractor | None = None,
                    on_progress: Callable[[dict], None] | None = None) -> TrainedPreferenceModel:
@@ -327,14 +374,16 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {name!r}")
     train, heldout = split_pairs(pairs, config.heldout_fraction, config.seed)
     extractor = extractor or FeatureExtractor.from_model(base_model, config.batch_size, config.max_length)
-    feature = EXPORTABLE_FEATURE if name == "full" else config.feature
+    feature = canonical_feature(config.feature, extractor.reward_model.backbone.config.num_hidden_layers)
     prompts, chosen, rejected = _texts(train)
     fc = extractor.features(prompts, chosen, feature)  # (N, D)
     fr = extractor.features(prompts, rejected, feature)  # (N, D)
     weight, heads, metrics = fit_feature_heads(fc, fr, name, config)
     reward_model = None
     if name == "full":
-        reward_config = replace(config.reward, model=base_model, out_dir=None, heldout_fraction=0.0)
+        warm_start = config.reward.warm_start if scores_last_token(config.reward.warm_start) else None
+        reward_config = replace(config.reward, model=base_model, out_dir=None, heldout_fraction=0.0,
+                                warm_start=warm_start)
         result = train_reward_model(list(train), reward_config, on_progress=on_progress)
         reward_model, weight = result.model, None
         metrics = {**result.metrics, "rm/lambda": metrics["rm/lambda"]}

@@ -26,11 +26,13 @@ from rlhf.config import LoopConfig
 Log = Callable[[str], None]
 
 
-CURVE_VOTES_FOR_TARGET = 128
-"""bench/reward_curve.py (polite annotator, 25% flips, 144 prompts x 4 answers of the default model, 5 splits): a
-head on mean-pooled layer-4 features reached ~64% held-out accuracy at 128 votes and no more up to 256; the
-exportable last-token feature stayed at chance up to 256. The refusal quotes it when the measured accuracy itself
-says nothing about the votes needed."""
+CURVE_VOTES_FOR_TARGET = 200
+"""bench/reward_curve.py (polite annotator, 25% flips, 232 prompts x 4 answers of the default model, 10 splits): the
+default head (answer-mean of layer 2, "mean@2") reached 62% held-out accuracy at 128 votes, 65% at 200 and 67% at
+384; the last-token feature stayed at chance. The refusal quotes it when the measured accuracy itself says nothing
+about the votes needed."""
+CURVE_ACCURACY_AT_TARGET = 0.65
+"""The curve's held-out accuracy at CURVE_VOTES_FOR_TARGET votes."""
 
 
 class RoundRefused(RuntimeError):
@@ -325,9 +327,9 @@ def _check_accuracy(metrics: dict, plan: RoundPlan, config: LoopConfig, record, 
         if needed is not None and needed > n_votes and accuracy >= config.round.min_accuracy:
             more = f"At this accuracy about {needed - n_votes} more votes ({needed} in all) would show it is not chance"
         else:
-            more = (f"On the learning curve (bench/reward_curve.py, polite annotator, 25% flips) the best frozen "
-                    f"feature needed about {CURVE_VOTES_FOR_TARGET} votes in all for ~64% held-out accuracy: about "
-                    f"{max(CURVE_VOTES_FOR_TARGET - n_votes, 0)} more")
+            more = (f"On the learning curve (bench/reward_curve.py, polite annotator, 25% flips) the default head "
+                    f"needed about {CURVE_VOTES_FOR_TARGET} votes in all for ~{CURVE_ACCURACY_AT_TARGET:.0%} held-out "
+                    f"accuracy: about {max(CURVE_VOTES_FOR_TARGET - n_votes, 0)} more")
         raise RoundRefused(
             f"The reward model's held-out accuracy {accuracy:.1%} ({low:.0%}-{high:.0%}, 95% interval on {n_heldout} "
             f"held-out pairs) cannot be told from chance or is below the bar {config.round.min_accuracy:.0%}: PPO on "

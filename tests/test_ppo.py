@@ -33,7 +33,7 @@ class TokenShareReward(torch.nn.Module):
         super().__init__()
         self.targets, self.per = targets, per
 
-    def forward_value(self, input_ids, attention_mask):
+    def forward_value(self, input_ids, attention_mask, answer_mask=None):
         hits = torch.isin(input_ids, self.targets.to(input_ids.device)) & attention_mask.bool()  # (B, L)
         return RewardOutput(values=torch.zeros(input_ids.shape), scores=hits.sum(-1).float() / self.per)
 

@@ -8,7 +8,15 @@ import torch
 from rlhf import bt_head
 from rlhf.reward import RewardModel
 from rlhf.reward_data import PreferencePair
-from rlhf.reward_strategies import FeatureExtractor, StrategyConfig, TrainedPreferenceModel, train_strategy
+from rlhf.reward_strategies import (
+    FeatureExtractor,
+    StrategyConfig,
+    TrainedPreferenceModel,
+    canonical_feature,
+    pad_answers,
+    score_with_reward_model,
+    train_strategy,
+)
 
 
 def synthetic_votes(n: int, dim: int, flip_rate: float, seed: int):
@@ -78,21 +86,25 @@ def polite_pairs(n: int) -> list[PreferencePair]:
     return pairs
 
 
-def test_exported_reward_model_scores_exactly_as_the_head(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("feature, saved_layers", [("last@-1", 2), ("mean@1", 1), ("mean@0", 0), ("mean@2", 2)])
+def test_exported_reward_model_scores_exactly_as_the_head(tiny_model_dir, tmp_path, feature, saved_layers):
     pairs = polite_pairs(30)
-    config = StrategyConfig(heldout_fraction=0.2, n_heads=4, cv_folds=3)
+    config = StrategyConfig(feature=feature, heldout_fraction=0.2, n_heads=4, cv_folds=3)
     model = train_strategy("ensemble", pairs, str(tiny_model_dir), config)
     assert model.metrics["rm/n_train"] == 24 and model.metrics["rm/n_heldout"] == 6
     prompts = [p.prompt for p in pairs[:5]]
-    answers = [p.chosen for p in pairs[:5]]
+    answers = [p.chosen if i % 2 else p.rejected for i, p in enumerate(pairs[:5])]
     head_scores = model.score(prompts, answers)  # (5,)
     path = model.save(tmp_path / "rm")
     exported = RewardModel.from_pretrained(path).eval()
-    extractor = FeatureExtractor(exported, model.extractor.tokenizer)
-    from rlhf.reward_strategies import score_with_reward_model
-
-    rm_scores = score_with_reward_model(exported, extractor.tokenizer, prompts, answers)
+    assert len(exported.backbone.layers) == saved_layers  # a feature of layer L keeps L decoder layers
+    tokenizer = model.extractor.tokenizer
+    rm_scores = score_with_reward_model(exported, tokenizer, prompts, answers)
     torch.testing.assert_close(rm_scores, head_scores, rtol=1e-4, atol=1e-5)
+    ids, mask, answer_mask = pad_answers(tokenizer, prompts, answers, side="left")  # as PPO's batches are padded
+    with torch.inference_mode():
+        left = exported.forward_value(ids, mask, answer_mask).scores
+    torch.testing.assert_close(left, head_scores, rtol=1e-4, atol=1e-5)
     loaded = TrainedPreferenceModel.load(path)
     torch.testing.assert_close(loaded.score(prompts, answers), head_scores, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(loaded.heads, model.heads.float().double())
@@ -100,11 +112,12 @@ def test_exported_reward_model_scores_exactly_as_the_head(tiny_model_dir, tmp_pa
     assert disagreement.shape == (5,) and bool((disagreement >= 0).all())
 
 
-def test_a_mean_pooled_head_refuses_to_export_as_a_reward_model(tiny_model_dir, tmp_path):
-    model = train_strategy("head", polite_pairs(20), str(tiny_model_dir),
-                           StrategyConfig(feature="mean@-1", n_heads=2, cv_folds=2))
-    with pytest.raises(ValueError, match="last@-1"):
-        model.save(tmp_path / "rm")
+def test_features_name_hidden_states_as_the_reward_model_reads_them():
+    features = ("mean@4", "mean@30", "last@-1", "mean@-2", "mean@0", "mean@31")
+    assert [canonical_feature(f, 30) for f in features] == [
+        "mean@4", "mean@-1", "last@-1", "mean@29", "mean@0", "mean@-1"]
+    with pytest.raises(ValueError, match="0..30"):
+        canonical_feature("mean@-32", 30)
 
 
 def test_mean_pooling_averages_the_answer_tokens_only(tiny_model_dir):
