@@ -15,7 +15,9 @@ reference separate copies, fp32; TRL's reward and value models are AutoModelForS
 bench/synthetic_prefs.py, split as rlhf-loop splits it (split_pairs, same fraction and seed), batch 8 pairs a
 step, max length 128; TRL's pairs_per_s is its train_samples_per_second, ours the same count over our
 training time. Ratios: step time TRL/ours (above 1: we are faster), memory ours/TRL (below 1: we use less),
-pairs/s ours/TRL.
+pairs/s ours/TRL. `--ours-precision no,bf16` runs our side in both precisions (keys ours, ours-bf16; ratios
+speedup, speedup-bf16, ...). On a machine shared with other work a step can take several times its quiet length:
+step_s_min (the fastest measured step, one per run, then the median over runs) is the figure least moved by that.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rm-steps", type=int, default=None, help="reward steps a run (default: one epoch)")
     parser.add_argument("--rm-batch-size", type=int, default=8, help="pairs a reward step (default 8)")
     parser.add_argument("--rm-max-length", type=int, default=128, help="tokens per sequence (default 128)")
+    parser.add_argument("--ours-precision", default="no",
+                        help="comma-separated precisions of our side, each run and reported: no (fp32, the issue's "
+                             "setting) and/or bf16 (autocast; frozen PPO models in bf16). TRL stays fp32 (default no)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
     parser.add_argument("--skip", choices=["ppo", "reward"], action="append", default=[],
                         help="leave out one comparison (repeatable)")
@@ -114,7 +119,11 @@ def main(argv: list[str] | None = None) -> dict:
     model_path = str(resolve_model_path(args.model))  # TRL loads the converted folder, not "default"
     ours, trl = sys.executable, args.trl_python
     threads = ["--threads", str(args.threads)] if args.threads else []
-    runs: dict[str, list[dict]] = {"ours_ppo": [], "trl_ppo": [], "ours_reward": [], "trl_reward": []}
+    precisions = [p.strip() for p in args.ours_precision.split(",") if p.strip()]
+    if not precisions or any(p not in ("no", "bf16") for p in precisions):
+        parser.error(f"--ours-precision takes no and/or bf16, not {args.ours_precision!r}")
+    ours_sides = [f"ours-{p}" if p != "no" else "ours" for p in precisions]  # "ours" is fp32, as before
+    runs: dict[str, list[dict]] = {f"{side}_{kind}": [] for side in [*ours_sides, "trl"] for kind in ("ppo", "reward")}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="compare-trl-") as folder:
         train_file, heldout_file = write_reward_data(Path(folder), args.rm_pairs, args.rm_heldout_fraction, args.seed)
@@ -134,11 +143,14 @@ def main(argv: list[str] | None = None) -> dict:
                            "--heldout", str(heldout_file), "--batch-size", str(args.rm_batch_size),
                            "--max-length", str(args.rm_max_length), "--seed", str(args.seed), *rm_steps, *threads],
         }
+        for precision, side in zip(precisions, ours_sides):
+            for kind in ("ppo", "reward"):
+                commands[f"{side}_{kind}"] = [*commands[f"ours_{kind}"], "--mixed-precision", precision]
         for repeat in range(args.repeats):
             for kind in ("ppo", "reward"):
                 if kind in args.skip:
                     continue
-                order = ("ours", "trl") if repeat % 2 == 0 else ("trl", "ours")
+                order = (*ours_sides, "trl") if repeat % 2 == 0 else ("trl", *ours_sides[::-1])
                 for side in order:
                     key = f"{side}_{kind}"
                     runs[key].append(run_side(f"{key} (repeat {repeat + 1})", commands[key], args.threads))
@@ -147,23 +159,30 @@ def main(argv: list[str] | None = None) -> dict:
         "bench": "compare_trl", "model": args.model, "repeats": args.repeats,
         "settings": {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "ppo_steps": args.ppo_steps,
                      "rm_pairs": args.rm_pairs, "rm_batch_size": args.rm_batch_size,
-                     "rm_max_length": args.rm_max_length, "rm_steps": args.rm_steps, "threads": args.threads},
+                     "rm_max_length": args.rm_max_length, "rm_steps": args.rm_steps, "threads": args.threads,
+                     "ours_precision": precisions},
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
     }
-    if runs["ours_ppo"]:
+    if runs["trl_ppo"]:
         ppo = {side: {"step_s": median_of(runs[f"{side}_ppo"], "step_s"),
-                      "peak_rss_mb": median_of(runs[f"{side}_ppo"], "peak_rss_mb")} for side in ("ours", "trl")}
-        for key in ("generate_s", "score_s", "update_s"):
-            ppo["ours"][key] = median_of(runs["ours_ppo"], key)
-        ppo["speedup"] = ratio(ppo["trl"]["step_s"], ppo["ours"]["step_s"])
-        ppo["memory_ratio"] = ratio(ppo["ours"]["peak_rss_mb"], ppo["trl"]["peak_rss_mb"])
+                      "step_s_min": median_of(runs[f"{side}_ppo"], "step_s_min"),
+                      "peak_rss_mb": median_of(runs[f"{side}_ppo"], "peak_rss_mb")} for side in (*ours_sides, "trl")}
+        for side in ours_sides:
+            for key in ("generate_s", "score_s", "update_s"):
+                ppo[side][key] = median_of(runs[f"{side}_ppo"], key)
+            suffix = side.removeprefix("ours")
+            ppo[f"speedup{suffix}"] = ratio(ppo["trl"]["step_s"], ppo[side]["step_s"])
+            ppo[f"speedup_min{suffix}"] = ratio(ppo["trl"]["step_s_min"], ppo[side]["step_s_min"])
+            ppo[f"memory_ratio{suffix}"] = ratio(ppo[side]["peak_rss_mb"], ppo["trl"]["peak_rss_mb"])
         summary["ppo"] = ppo
-    if runs["ours_reward"]:
+    if runs["trl_reward"]:
         reward = {side: {key: median_of(runs[f"{side}_reward"], key)
                          for key in ("pairs_per_s", "peak_rss_mb", "heldout_accuracy", "n_train", "n_heldout", "steps")}
-                  for side in ("ours", "trl")}
-        reward["speedup"] = ratio(reward["ours"]["pairs_per_s"], reward["trl"]["pairs_per_s"])
-        reward["memory_ratio"] = ratio(reward["ours"]["peak_rss_mb"], reward["trl"]["peak_rss_mb"])
+                  for side in (*ours_sides, "trl")}
+        for side in ours_sides:
+            suffix = side.removeprefix("ours")
+            reward[f"speedup{suffix}"] = ratio(reward[side]["pairs_per_s"], reward["trl"]["pairs_per_s"])
+            reward[f"memory_ratio{suffix}"] = ratio(reward[side]["peak_rss_mb"], reward["trl"]["peak_rss_mb"])
         summary["reward"] = reward
     print(json.dumps(summary), flush=True)
     return summary

@@ -4,10 +4,10 @@
     python bench/ppo_step.py --lora               # LoRA: reference = actor, reward = critic, adapters disabled
     python bench/ppo_step.py --full-length        # always 48 new tokens (no stop at EOS), as issue 7 compares
 
-The reward model is an untrained `RewardModel.from_causal_lm(--model)` saved to a temporary folder (its
+The reward model is an untrained `RewardModel.from_causal_lm(--model)` (scored as --reward-feature says) saved to a temporary folder (its
 scores do not matter for speed) and the critic starts from it, through the same loading path as
 `train_ppo`. Prints one line per step, then ONE JSON line (the last line): step_s is the median step
-over the measured steps, generate_s / score_s / update_s the medians of the phases, tokens_per_s the
+over the measured steps (step_s_min the fastest), generate_s / score_s / update_s the medians of the phases, tokens_per_s the
 generated tokens per second of whole step, peak_rss_mb the process's peak resident memory.
 """
 
@@ -30,6 +30,7 @@ from rlhf.models import load_tokenizer, resolve_model_path  # noqa: E402
 from rlhf.ppo import PPOConfig  # noqa: E402
 from rlhf.ppo_train import build_ppo_trainer  # noqa: E402
 from rlhf.reward import RewardModel  # noqa: E402
+from rlhf.reward_strategies import parse_feature  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prompts import PROMPTS  # noqa: E402
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="separate no-grad passes for old log-probs and values (to measure what reuse saves)")
     parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default="auto",
                         help="auto: bf16 on CUDA, fp32 on CPU; bf16: autocast and bf16 frozen models on any device")
+    parser.add_argument("--reward-feature", default="last@-1",
+                        help="score definition of the reward model and critic: last@-1 (a whole model, as TRL's "
+                             "value model) or the round's default mean@2 (2 layers, mean over the answer)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     args = parser.parse_args(argv)
@@ -69,7 +73,10 @@ def main(argv: list[str] | None = None) -> dict:
                        mixed_precision=args.mixed_precision)
     actor_path = resolve_model_path(args.model)
     with tempfile.TemporaryDirectory(prefix="ppo-bench-rm-") as reward_dir:
-        RewardModel.from_causal_lm(actor_path).save_pretrained(reward_dir, tokenizer=load_tokenizer(actor_path))
+        pooling, layer = parse_feature(args.reward_feature)
+        backbone = RewardModel.from_causal_lm(actor_path).backbone
+        RewardModel(backbone, pooling=pooling, layer=layer).save_pretrained(reward_dir,
+                                                                            tokenizer=load_tokenizer(actor_path))
         started = time.perf_counter()
         trainer = build_ppo_trainer(actor_path, reward_dir, config)
         load_s = time.perf_counter() - started
@@ -96,12 +103,14 @@ def main(argv: list[str] | None = None) -> dict:
         "mixed_precision": trainer.accelerator.mixed_precision,
         "threads": torch.get_num_threads(),
         "lora": args.lora,
+        "reward_feature": args.reward_feature,
         "batch_size": args.batch_size,
         "max_new_tokens": args.max_new_tokens,
         "full_length": args.full_length,
         "fused_first_update": config.fused_first_update,
         "measured_steps": len(measured),
         "step_s": median("step_s"),
+        "step_s_min": round(min(m["step_s"] for m in measured), 3),
         "generate_s": median("time/generate"),
         "score_s": median("time/score"),
         "update_s": median("time/update"),

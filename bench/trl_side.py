@@ -105,7 +105,7 @@ def run_ppo(args) -> dict:
     return {
         "bench": "trl_ppo_step", "trl": _trl_version(), "model": args.model, "threads": torch.get_num_threads(),
         "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "measured_steps": len(measured),
-        "step_s": round(statistics.median(measured), 3), "load_s": round(load_s, 1),
+        "step_s": round(statistics.median(measured), 3), "step_s_min": round(min(measured), 3), "load_s": round(load_s, 1),
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
 
