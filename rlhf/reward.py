@@ -170,14 +170,21 @@ class RewardModel(nn.Module):
         return cls(backbone, v_head, info=info.get("info", {}), pooling=info.get("pooling", "last"),
                    layer=int(info.get("layer", -1)))
 
-    def save_pretrained(self, path: str | os.PathLike, tokenizer=None) -> Path:
-        """Write backbone, head, tokenizer and marker to `path`, atomically: a crash leaves no half folder."""
+    def save_pretrained(self, path: str | os.PathLike, tokenizer=None, state_dict: dict | None = None) -> Path:
+        """Write backbone, head, tokenizer and marker to `path`, atomically: a crash leaves no half folder.
+
+        `state_dict` (this module's, keys "backbone.*" and "v_head.weight") replaces the weights held here: under
+        DeepSpeed ZeRO-3 or FSDP each process holds a shard, and `accelerator.get_state_dict` gathers the whole.
+        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
         try:
-            self.backbone.save_pretrained(staging, safe_serialization=True)
-            head = self.v_head.weight.detach().to("cpu", torch.float32).contiguous()  # (1, D)
+            backbone_state = None if state_dict is None else {
+                key.removeprefix("backbone."): value for key, value in state_dict.items() if key.startswith("backbone.")}
+            self.backbone.save_pretrained(staging, safe_serialization=True, state_dict=backbone_state)
+            head = (self.v_head.weight if state_dict is None else state_dict["v_head.weight"])
+            head = head.detach().to("cpu", torch.float32).contiguous()  # (1, D)
             save_file({"weight": head}, str(staging / HEAD_FILE))
             if tokenizer is not None:
                 tokenizer.save_pretrained(staging)

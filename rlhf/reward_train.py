@@ -311,8 +311,9 @@ def train_reward_model(
     if config.out_dir is not None:
         path = Path(config.out_dir)
         accelerator.wait_for_everyone()
+        state_dict = accelerator.get_state_dict(model)  # every process takes part: ZeRO-3 / FSDP gather the shards
         if accelerator.is_main_process:
-            unwrapped.save_pretrained(path, tokenizer=tokenizer)
+            unwrapped.save_pretrained(path, tokenizer=tokenizer, state_dict=state_dict)
         accelerator.wait_for_everyone()
     return RewardTrainResult(metrics=metrics, heldout_accuracy=heldout_accuracy, path=path, model=unwrapped)
 

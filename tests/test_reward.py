@@ -97,6 +97,20 @@ def test_save_and_load_give_identical_scores(tiny_model_dir, tokenizer, tmp_path
     assert torch.equal(before.scores, after.scores)
 
 
+@pytest.mark.parametrize("pooling, layer", [("last", -1), ("mean", 1)])
+def test_saving_a_gathered_state_dict_writes_those_weights(tiny_model_dir, tokenizer, tmp_path, pooling, layer):
+    """ZeRO-3 / FSDP: the process that saves holds a shard; the gathered state dict must be what lands on disk."""
+    torch.manual_seed(2)
+    model = RewardModel(RewardModel.from_causal_lm(tiny_model_dir).backbone, pooling=pooling, layer=layer).eval()
+    gathered = {key: value + 0.5 for key, value in model.state_dict().items()}  # unlike the weights held here
+    folder = model.save_pretrained(tmp_path / "rm", tokenizer=tokenizer, state_dict=gathered)
+    loaded = RewardModel.from_pretrained(folder).eval()
+    assert loaded.pooling == pooling and loaded.layer == layer
+    assert set(loaded.state_dict()) == set(gathered)
+    for key, value in loaded.state_dict().items():
+        assert torch.equal(value, gathered[key]), key
+
+
 def test_loading_a_folder_that_is_not_a_reward_model_says_so(tiny_model_dir):
     from rlhf.models import ModelNotFoundError
 
