@@ -154,6 +154,7 @@ class PPOTrainer:
                  accelerator: Accelerator | None = None):
         self.config = config
         self.accelerator = accelerator or make_accelerator(config.mixed_precision)
+        distributed.return_freed_memory_promptly()
         set_seed(config.seed, device_specific=True)
         if reference is None and not hasattr(actor, "disable_adapter"):
             raise ValueError("PPOTrainer needs a reference model, or a LoRA (peft) actor to serve as its own")
