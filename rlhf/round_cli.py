@@ -66,17 +66,23 @@ def command_train_round(args) -> int:
     return 0
 
 
-def _win_rate(judge, prompts: list[str], new_answers: list[str], first_answers: list[str]) -> float:
-    """Share of prompts where the judge prefers the new policy's answer (ties count half), sides alternated."""
-    score = 0.0
+def head_to_head(judge, prompts: list[str], new_answers: list[str], first_answers: list[str]) -> dict[str, float]:
+    """The judge on new against first answers, sides alternated: wins, losses, ties and the win rate (ties half).
+
+    The counts are reported with the rate because 50% alone cannot tell an even match from all ties.
+    """
+    counts = {"wins": 0, "losses": 0, "ties": 0}
     for index, (prompt, new, old) in enumerate(zip(prompts, new_answers, first_answers)):
         new_on_a = index % 2 == 0
         verdict = judge(prompt, new, old) if new_on_a else judge(prompt, old, new)
         if verdict == "tie":
-            score += 0.5
+            counts["ties"] += 1
         elif verdict == ("a" if new_on_a else "b"):
-            score += 1.0
-    return score / len(prompts) if prompts else 0.0
+            counts["wins"] += 1
+        else:
+            counts["losses"] += 1
+    n = sum(counts.values())
+    return {"win_rate": (counts["wins"] + 0.5 * counts["ties"]) / n if n else 0.0, **counts}
 
 
 def _answers(policy_path: str, prompts: list[str], config: LoopConfig, seed: int) -> list[str]:
@@ -137,12 +143,13 @@ def command_demo_loop(args) -> int:
             "rm_accuracy": result.metrics.get("rm/heldout_accuracy"),
             "reward": result.metrics.get("ppo/reward"),
             "kl": result.metrics.get("ppo/kl"),
-            "win_rate": _win_rate(judge, eval_prompts, new_answers, first_answers),
+            **head_to_head(judge, eval_prompts, new_answers, first_answers),
             "seconds": round(time.perf_counter() - started, 1),
         }
         rows.append(row)
         print(f"round {round_number}: rm accuracy {row['rm_accuracy']}, reward {row['reward']}, "
-              f"kl {row['kl']}, win rate vs first {row['win_rate']:.1%}, {row['seconds']} s", flush=True)
+              f"kl {row['kl']}, win rate vs first {row['win_rate']:.1%} ({row['wins']} wins, {row['losses']} losses, "
+              f"{row['ties']} ties), {row['seconds']} s", flush=True)
     store.close()
     print(json.dumps({"rounds": rows}))
     return 0 if len(rows) == args.rounds else EXIT_REFUSED

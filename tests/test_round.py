@@ -146,9 +146,22 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     result = json.loads(out.strip().splitlines()[-1])
     assert [row["round"] for row in result["rounds"]] == [1, 2]
     for row in result["rounds"]:
-        assert set(row) == {"round", "rm_accuracy", "reward", "kl", "win_rate", "seconds"}
-        assert 0.0 <= row["win_rate"] <= 1.0
+        assert set(row) == {"round", "rm_accuracy", "reward", "kl", "win_rate", "wins", "losses", "ties", "seconds"}
+        assert row["wins"] + row["losses"] + row["ties"] == 4  # one verdict per evaluation prompt
+        assert row["win_rate"] == (row["wins"] + 0.5 * row["ties"]) / 4
     store = Store(db)
     assert [p.round for p in store.policies()] == [0, 1, 2]
     assert len(store.votes(annotator="sim:longer")) == 16
     assert [r.status for r in store.rounds()] == ["done", "done"]
+
+
+def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
+    from annotate.simulate import longer
+    from rlhf.round_cli import head_to_head
+
+    prompts = ["p1", "p2", "p3", "p4", "p5"]
+    new = ["a long answer", "a long answer", "same", "x", "longer one"]
+    first = ["short", "short", "same", "a longer one", "x"]
+    # new on side a for rows 0, 2, 4 and on side b for 1, 3: wins at 0, 1, 4; tie at 2; loss at 3
+    result = head_to_head(longer, prompts, new, first)
+    assert result == {"win_rate": (3 + 0.5) / 5, "wins": 3, "losses": 1, "ties": 1}
