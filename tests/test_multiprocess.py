@@ -187,7 +187,9 @@ def test_a_round_under_two_processes_records_one_round_and_one_policy(tmp_path, 
 
     db = tmp_path / "loop.db"
     seed_votes(db, tiny_model_dir)
-    settings = [arg for setting in tiny_settings(tmp_path) for arg in ("--set", setting)]
+    # mean@1: the reward model and the critic PPO starts from keep 1 of the tiny model's 2 layers, so the
+    # truncated decoder (final norm as pass-through buffers) is what DDP wraps and keeps in step
+    settings = [arg for setting in [*tiny_settings(tmp_path), "votes.feature=mean@1"] for arg in ("--set", setting)]
     reports, printed = _torchrun(tmp_path, ["--train-round", "--db", str(db), "--model", str(tiny_model_dir), *settings])
     _assert_replicas_trained_in_step(reports, n_trained=2)  # actor and critic; the few-votes head needs no optimizer
     _assert_only_rank_zero_wrote(reports)
@@ -196,6 +198,8 @@ def test_a_round_under_two_processes_records_one_round_and_one_policy(tmp_path, 
         assert [r.status for r in store.rounds()] == ["done"]
         round_dir = tmp_path / "checkpoints" / f"round-{store.rounds()[0].id}"
     assert sorted(path.name for path in round_dir.iterdir()) == ["policy", "reward"]
+    saved = json.loads((round_dir / "reward" / "reward_model.json").read_text())
+    assert (saved["pooling"], saved["layer"]) == ("mean", 1)
     assert printed.count("training the reward model (") == printed.count("generating 6 pairs") == 1
 
 
