@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ours-precision", default="no",
                         help="comma-separated precisions of our side, each run and reported: no (fp32, the issue's "
                              "setting) and/or bf16 (autocast; frozen PPO models in bf16). TRL stays fp32 (default no)")
+    parser.add_argument("--ours-reward-feature", default="last@-1",
+                        help="our PPO reward model and critic: last@-1, a whole model as TRL's value model (default), "
+                             "or mean@2, the round's own two-layer one")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
     parser.add_argument("--skip", choices=["ppo", "reward"], action="append", default=[],
                         help="leave out one comparison (repeatable)")
@@ -131,7 +134,8 @@ def main(argv: list[str] | None = None) -> dict:
         commands = {
             "ours_ppo": [ours, "bench/ppo_step.py", "--model", args.model, "--steps", str(args.ppo_steps),
                          "--batch-size", str(args.batch_size), "--max-new-tokens", str(args.max_new_tokens),
-                         "--full-length", "--seed", str(args.seed), *threads],
+                         "--full-length", "--seed", str(args.seed), "--reward-feature", args.ours_reward_feature,
+                         *threads],
             "trl_ppo": [trl, "bench/trl_side.py", "ppo", "--model", model_path, "--steps", str(args.ppo_steps),
                         "--batch-size", str(args.batch_size), "--max-new-tokens", str(args.max_new_tokens),
                         "--seed", str(args.seed), *threads],
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "ppo_steps": args.ppo_steps,
                      "rm_pairs": args.rm_pairs, "rm_batch_size": args.rm_batch_size,
                      "rm_max_length": args.rm_max_length, "rm_steps": args.rm_steps, "threads": args.threads,
-                     "ours_precision": precisions},
+                     "ours_precision": precisions, "ours_reward_feature": args.ours_reward_feature},
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
     }
     if runs["trl_ppo"]:

@@ -61,27 +61,3 @@ def _forget_other_precision(precision: str | None) -> None:
     if precision is not None and state and state.get("_mixed_precision") != precision:
         AcceleratorState._reset_state(reset_partial_state=False)
 
-
-def return_freed_memory_promptly() -> None:
-    """Serve large CPU tensors from their own memory maps, so the memory of freed activations goes back at once.
-
-    glibc raises its mmap threshold each time a large block is freed (up to 32 MB), after which the
-    activations of the next step come from the heap, where freed holes keep the process's resident size
-    growing. A fixed threshold of 64 KiB keeps every tensor of a training step mmap-backed. Measured on
-    bench/ppo_step.py (fp32, whole-model critic): peak resident memory 7.5 -> 6.7 GB (two threads, set
-    through MALLOC_MMAP_THRESHOLD_) and 7.9 -> 7.3 GB (one thread, this call). Does
-    nothing off glibc (macOS, musl) or when MALLOC_MMAP_THRESHOLD_ is already set.
-    """
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    m_mmap_threshold = -3  # M_MMAP_THRESHOLD in glibc's malloc.h
-    mallopt(m_mmap_threshold, 64 * 1024)

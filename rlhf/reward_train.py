@@ -20,7 +20,6 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from rlhf.distributed import return_freed_memory_promptly
 from rlhf.losses import pairwise_loss
 from rlhf.models import ModelNotFoundError
 from rlhf.reward import RewardModel, load_reward_model, load_reward_tokenizer
@@ -213,7 +212,6 @@ def train_reward_model(
         )
     train_pairs, heldout_pairs = split_pairs(pairs, config.heldout_fraction, config.seed)
     accelerator = build_accelerator(config)
-    return_freed_memory_promptly()
     set_seed(config.seed)
     tokenizer = load_reward_tokenizer(config.warm_start, config.model)
     model = load_reward_model(config.warm_start, config.model)
