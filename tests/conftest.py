@@ -11,6 +11,18 @@ from rlhf.models import DEFAULT_CACHE_DIR, DEFAULT_GGUF_FILE, DEFAULT_MODEL_NAME
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """The tiny model's matmuls are so small that a second OpenMP thread only adds waiting (5-20x slower here).
+
+    Modules that train the tiny model take it with `pytestmark = pytest.mark.usefixtures("one_thread")`.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def real_tokenizer():
     """The default model's tokenizer: from the converted folder when present, else straight from the GGUF (~4 s)."""

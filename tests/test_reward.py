@@ -28,13 +28,7 @@ MARKER = "banana"
 WORDS = "river cloud stone table window garden paper music orange simple quick yellow ocean forest bright".split()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's matmuls are so small that a second OpenMP thread only adds waiting (5-20x slower here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def marker_pairs(n: int, seed: int) -> list[PreferencePair]:
