@@ -77,7 +77,7 @@ def earlier_policy(store, policy: Policy) -> Policy | None:
 
 
 def load_policy_model(path: str):
-    """Model and tokenizer of a policy, on the GPU in bf16 when there is one, else CPU fp32."""
+    """Model and tokenizer of a policy, on the GPU when there is one, in bf16 where the hardware has it."""
     import torch
 
     from rlhf.models import default_dtype, load_causal_lm, load_tokenizer

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rm-max-length", type=int, default=128, help="tokens per sequence (default 128)")
     parser.add_argument("--ours-precision", default="no",
                         help="comma-separated precisions of our side, each run and reported: no (fp32, the issue's "
-                             "setting) and/or bf16 (autocast; frozen PPO models in bf16). TRL stays fp32 (default no)")
+                             "setting) and/or bf16 (autocast; weights fp32). TRL stays fp32 (default no)")
     parser.add_argument("--ours-reward-feature", default="last@-1",
                         help="our PPO reward model and critic: last@-1, a whole model as TRL's value model (default), "
                              "or mean@2, the round's own two-layer one")

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-reuse", action="store_true",
                         help="separate no-grad passes for old log-probs and values (to measure what reuse saves)")
     parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default="auto",
-                        help="auto: bf16 on CUDA, fp32 on CPU; bf16: autocast and bf16 frozen models on any device")
+                        help="auto: bf16 where the hardware has it (CUDA, AVX512-BF16/AMX CPUs), else fp32; bf16 forces autocast")
     parser.add_argument("--reward-feature", default="last@-1",
                         help="score definition of the reward model and critic: last@-1 (a whole model, as TRL's "
                              "value model) or the round's default mean@2 (2 layers, mean over the answer)")

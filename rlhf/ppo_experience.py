@@ -98,7 +98,7 @@ def generate_responses(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Sample one response per prompt; returns (sequences, attention_mask, action_mask, ended).
 
-    `actor` is the unwrapped model; call under torch.inference_mode. The response is padded to the
+    `actor` is the unwrapped model; call under torch.no_grad (or inference_mode). The response is padded to the
     longest one in the batch (generation stops when every row has produced EOS or at the limit).
     """
     sequences = actor.generate(

@@ -80,7 +80,8 @@ class RewardTrainConfig:
     eval_batch_size: int = 16
     """Pairs per forward pass when measuring held-out accuracy."""
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    """auto: bf16 on CUDA GPUs that support it, fp32 elsewhere (or what `accelerate launch` was configured with)."""
+    """auto: bf16 autocast where the hardware has bf16 arithmetic (CUDA, CPUs with AVX512-BF16 or AMX), else fp32
+    (or what `accelerate launch` was configured with); weights and AdamW stay fp32."""
     freeze_backbone: bool = False
     """Train the value head only, on the frozen decoder's features."""
     share_prompt: bool = True

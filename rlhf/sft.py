@@ -185,7 +185,7 @@ def train_sft(
 ) -> SFTResult:
     """Fine-tune the causal LM at `model_path` on (prompt, response) pairs and save it to `out_dir`.
 
-    Runs through one accelerate.Accelerator (fp32 on CPU, bf16 mixed precision on CUDA), so it works the same
+    Runs through one accelerate.Accelerator (bf16 autocast where the hardware has it, else fp32), so it works the same
     under `accelerate launch` or `torchrun`; only the main process writes the folder.
     """
     from accelerate.utils import set_seed
