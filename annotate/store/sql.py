@@ -1,4 +1,4 @@
-"""The store's schema, migrations and queries: SQL text used only by annotate/store.py.
+"""The store's schema, migrations and queries: SQL text used only by the annotate/store package.
 
 Migrations are numbered by their position in MIGRATIONS and recorded in `PRAGMA user_version`; an older database
 file runs the ones it lacks, in order, inside one transaction, so it is upgraded in place and never rebuilt.
@@ -7,6 +7,7 @@ Never edit a shipped migration: append a new one.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Callable
 
 import sqlite_utils
@@ -162,3 +163,8 @@ SELECT_VERSUS_TALLIES = """
     JOIN votes v ON v.pair_id = p.id
     WHERE p.kind = 'versus'
     GROUP BY ga.policy_id, gb.policy_id ORDER BY ga.policy_id, gb.policy_id"""
+
+
+def now() -> str:
+    """UTC timestamp with microseconds; the fixed format sorts as text in time order."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

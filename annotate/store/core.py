@@ -1,4 +1,5 @@
-"""The SQLite store: the only module that writes SQL.
+"""The Store: connections, transactions, and the prompts, policies, generations, pairs, votes, demonstrations and
+annotators it keeps (its rounds: annotate/store/rounds.py; statistics and exports: annotate/store/reports.py).
 
 Threads: Gradio runs handlers in threads. A file database gets one connection per thread (WAL lets readers run
 beside a writer) and this process's writers take turns on a lock, so they never sleep in SQLite's busy handler;
@@ -9,35 +10,29 @@ Every write is one `BEGIN IMMEDIATE` transaction: all of it lands or none of it.
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import sqlite3
 import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import sqlite_utils
 
-from annotate import store_sql as queries
-from annotate.agreement import AgreementReport, agreement_report
+from annotate.store import sql as queries
+from annotate.store.reports import Reports
+from annotate.store.rounds import RoundRecords
+from annotate.store.sql import now
 from annotate.importers import read_prompts
 from annotate.records import (
-    CHOICES, PAIR_KINDS, ROLES, Annotator, Answer, Generation, ImportResult, NewPair, Pair, Policy, Preference,
-    Prompt, Round, Showing, Vote, WinRate,
+    CHOICES, PAIR_KINDS, ROLES, Annotator, Answer, Generation, ImportResult, NewPair, Pair, Policy, Prompt, Showing,
+    Vote,
 )
 
 BUSY_TIMEOUT_S = 30.0
 RESERVE_SECONDS = 180.0
-
-
-def now() -> str:
-    """UTC timestamp with microseconds; the fixed format sorts as text in time order."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _name(annotator: str) -> str:
@@ -47,24 +42,7 @@ def _name(annotator: str) -> str:
     return name
 
 
-def process_is_alive(pid: int | None) -> bool:
-    """True when a process with this id runs on this machine (a zombie, dead but not yet reaped, counts as gone)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-class Store:
+class Store(RoundRecords, Reports):
     """Prompts, policies, generations, pairs, votes, demonstrations, rounds and annotators in one SQLite file."""
 
     def __init__(self, path: str | Path = ":memory:", reserve_seconds: float = RESERVE_SECONDS):
@@ -408,137 +386,3 @@ class Store:
 
     def annotators(self) -> list[Annotator]:
         return [Annotator(**row) for row in self._rows(queries.SELECT_ANNOTATORS)]
-
-    # rounds ------------------------------------------------------------------------------------------------------
-
-    def start_round(self, pid: int | None = None) -> int:
-        """Record a running round owned by process `pid` (this process by default)."""
-        with self._write() as db:
-            return db["rounds"].insert({
-                "status": "running", "started_at": now(), "metrics": "{}", "pid": pid or os.getpid(),
-            }).last_pk
-
-    def _update_round(self, round_id: int, metrics: dict | None, **columns) -> None:
-        with self._write() as db:
-            row = db.conn.execute("SELECT metrics FROM rounds WHERE id = ?", (round_id,)).fetchone()
-            if row is None:
-                raise KeyError(f"no round with id {round_id}")
-            merged = {**json.loads(row[0] or "{}"), **(metrics or {})}
-            db["rounds"].update(round_id, {**columns, "metrics": json.dumps(merged)})
-
-    def update_round_metrics(self, round_id: int, metrics: dict) -> None:
-        """Merge metrics into the round's (live progress); keys given replace earlier values."""
-        self._update_round(round_id, metrics)
-
-    def finish_round(self, round_id: int, metrics: dict | None = None) -> None:
-        self._update_round(round_id, metrics, status="done", finished_at=now())
-
-    def fail_round(self, round_id: int, error: str) -> None:
-        self._update_round(round_id, None, status="failed", finished_at=now(), error=error)
-
-    def rounds(self) -> list[Round]:
-        return [self._round(row) for row in self._rows("SELECT * FROM rounds ORDER BY id")]
-
-    def round(self, round_id: int) -> Round:
-        rows = self._rows("SELECT * FROM rounds WHERE id = ?", (round_id,))
-        if not rows:
-            raise KeyError(f"no round with id {round_id}")
-        return self._round(rows[0])
-
-    @staticmethod
-    def _round(row: dict) -> Round:
-        return Round(**{**row, "metrics": json.loads(row["metrics"] or "{}")})
-
-    def running_round(self) -> Round | None:
-        rows = self._rows("SELECT * FROM rounds WHERE status = 'running' ORDER BY id DESC LIMIT 1")
-        return self._round(rows[0]) if rows else None
-
-    def last_done_round(self) -> Round | None:
-        rows = self._rows("SELECT * FROM rounds WHERE status = 'done' ORDER BY id DESC LIMIT 1")
-        return self._round(rows[0]) if rows else None
-
-    def mark_stale_rounds_failed(self, is_alive: Callable[[int | None], bool] | None = None) -> list[int]:
-        """Mark `running` rounds whose process is gone as failed; returns their ids."""
-        is_alive = is_alive or process_is_alive
-        stale = [r for r in self.rounds() if r.status == "running" and not is_alive(r.pid)]
-        for stale_round in stale:
-            self.fail_round(stale_round.id, f"stale: its process {stale_round.pid} ended without finishing the round")
-        return [r.id for r in stale]
-
-    # statistics, agreement, preferences --------------------------------------------------------------------------
-
-    def stats(self, overlap: int = 1) -> dict:
-        """Counts for the dashboard (pairs waiting: those with fewer than `overlap` votes)."""
-        by_choice = dict.fromkeys(CHOICES, 0)
-        by_choice.update({row["choice"]: row["n"] for row in self._rows(queries.COUNT_VOTES_BY_CHOICE)})
-        by_annotator = {row["annotator"]: row["n"] for row in self._rows(queries.COUNT_VOTES_BY_ANNOTATOR)}
-        return {
-            "prompts": self.count_prompts(),
-            "policies": self._scalar("SELECT COUNT(*) FROM policies"),
-            "generations": self._scalar("SELECT COUNT(*) FROM generations"),
-            "pairs": self.count_pairs(),
-            "pairs_waiting": self.pairs_waiting(overlap=overlap),
-            "votes": sum(by_choice.values()),
-            "votes_by_choice": by_choice,
-            "votes_by_annotator": by_annotator,
-            "preferences": len(self.preferences()),
-            "demonstrations": self._scalar("SELECT COUNT(*) FROM demonstrations"),
-        }
-
-    def agreement(self) -> AgreementReport:
-        """Percent agreement and Cohen's kappa over pairs with two or more non-skip votes."""
-        labels_by_pair: dict[int, dict[str, str]] = {}
-        for row in self._rows("SELECT pair_id, annotator, choice FROM votes WHERE choice != 'skip'"):
-            labels_by_pair.setdefault(row["pair_id"], {})[row["annotator"]] = row["choice"]
-        return agreement_report(labels_by_pair)
-
-    def preferences(self) -> list[Preference]:
-        """Pairs with a strict majority among their a/b votes, oldest pair first."""
-        preferences = []
-        for row in self._rows(queries.SELECT_PAIR_TALLIES):
-            if row["n_a"] == row["n_b"]:
-                continue
-            a_wins = row["n_a"] > row["n_b"]
-            preferences.append(Preference(
-                pair_id=row["id"], prompt=row["prompt"],
-                chosen=row["text_a"] if a_wins else row["text_b"], rejected=row["text_b"] if a_wins else row["text_a"],
-                votes=row["n_a"] + row["n_b"], kind=row["kind"],
-            ))
-        return preferences
-
-    def export_dataset(self):
-        """Preferences as a `datasets.Dataset` with TRL's columns prompt, chosen, rejected."""
-        import datasets
-
-        preferences = self.preferences()
-        features = datasets.Features({name: datasets.Value("string") for name in ("prompt", "chosen", "rejected")})
-        return datasets.Dataset.from_dict(
-            {
-                "prompt": [p.prompt for p in preferences],
-                "chosen": [p.chosen for p in preferences],
-                "rejected": [p.rejected for p in preferences],
-            },
-            features=features,
-        )
-
-    def export_jsonl(self, path: str | Path) -> int:
-        """Write preferences as JSON Lines {prompt, chosen, rejected}; returns the number of rows."""
-        preferences = self.preferences()
-        with open(path, "w", encoding="utf-8") as out:
-            for p in preferences:
-                out.write(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
-        return len(preferences)
-
-    def export_parquet(self, path: str | Path) -> int:
-        dataset = self.export_dataset()
-        dataset.to_parquet(str(path))
-        return len(dataset)
-
-    def versus_win_rates(self) -> list[WinRate]:
-        """Per (newer policy, earlier policy): human votes on `versus` pairs, ties counting half a win."""
-        results = []
-        for row in self._rows(queries.SELECT_VERSUS_TALLIES):
-            judged = row["wins"] + row["losses"] + row["ties"]
-            rate = (row["wins"] + 0.5 * row["ties"]) / judged if judged else None
-            results.append(WinRate(win_rate=rate, **row))
-        return results

@@ -1,0 +1,11 @@
+"""The SQLite store: the only package that holds SQL (`annotate/store/sql.py`) and runs it.
+
+`Store` (core.py) keeps the connections and transactions and the annotation data; `RoundRecords` (rounds.py) and
+`Reports` (reports.py) are its rounds and its read-only views, mixed into the one class callers use.
+"""
+
+from annotate.store.core import BUSY_TIMEOUT_S, RESERVE_SECONDS, Store
+from annotate.store.rounds import process_is_alive
+from annotate.store.sql import now
+
+__all__ = ["BUSY_TIMEOUT_S", "RESERVE_SECONDS", "Store", "now", "process_is_alive"]

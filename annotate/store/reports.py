@@ -1,0 +1,93 @@
+"""What the dashboard and exports read: counts, agreement, preferences (majority of a/b votes), win rates.
+
+Mixed into `Store` (annotate/store/core.py), whose `_rows` / `_scalar` reads these methods use.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from annotate.agreement import AgreementReport, agreement_report
+from annotate.records import CHOICES, Preference, WinRate
+from annotate.store import sql as queries
+
+
+class Reports:
+    """Read-only views over votes and pairs."""
+
+    def stats(self, overlap: int = 1) -> dict:
+        """Counts for the dashboard (pairs waiting: those with fewer than `overlap` votes)."""
+        by_choice = dict.fromkeys(CHOICES, 0)
+        by_choice.update({row["choice"]: row["n"] for row in self._rows(queries.COUNT_VOTES_BY_CHOICE)})
+        by_annotator = {row["annotator"]: row["n"] for row in self._rows(queries.COUNT_VOTES_BY_ANNOTATOR)}
+        return {
+            "prompts": self.count_prompts(),
+            "policies": self._scalar("SELECT COUNT(*) FROM policies"),
+            "generations": self._scalar("SELECT COUNT(*) FROM generations"),
+            "pairs": self.count_pairs(),
+            "pairs_waiting": self.pairs_waiting(overlap=overlap),
+            "votes": sum(by_choice.values()),
+            "votes_by_choice": by_choice,
+            "votes_by_annotator": by_annotator,
+            "preferences": len(self.preferences()),
+            "demonstrations": self._scalar("SELECT COUNT(*) FROM demonstrations"),
+        }
+
+    def agreement(self) -> AgreementReport:
+        """Percent agreement and Cohen's kappa over pairs with two or more non-skip votes."""
+        labels_by_pair: dict[int, dict[str, str]] = {}
+        for row in self._rows("SELECT pair_id, annotator, choice FROM votes WHERE choice != 'skip'"):
+            labels_by_pair.setdefault(row["pair_id"], {})[row["annotator"]] = row["choice"]
+        return agreement_report(labels_by_pair)
+
+    def preferences(self) -> list[Preference]:
+        """Pairs with a strict majority among their a/b votes, oldest pair first."""
+        preferences = []
+        for row in self._rows(queries.SELECT_PAIR_TALLIES):
+            if row["n_a"] == row["n_b"]:
+                continue
+            a_wins = row["n_a"] > row["n_b"]
+            preferences.append(Preference(
+                pair_id=row["id"], prompt=row["prompt"],
+                chosen=row["text_a"] if a_wins else row["text_b"], rejected=row["text_b"] if a_wins else row["text_a"],
+                votes=row["n_a"] + row["n_b"], kind=row["kind"],
+            ))
+        return preferences
+
+    def export_dataset(self):
+        """Preferences as a `datasets.Dataset` with TRL's columns prompt, chosen, rejected."""
+        import datasets
+
+        preferences = self.preferences()
+        features = datasets.Features({name: datasets.Value("string") for name in ("prompt", "chosen", "rejected")})
+        return datasets.Dataset.from_dict(
+            {
+                "prompt": [p.prompt for p in preferences],
+                "chosen": [p.chosen for p in preferences],
+                "rejected": [p.rejected for p in preferences],
+            },
+            features=features,
+        )
+
+    def export_jsonl(self, path: str | Path) -> int:
+        """Write preferences as JSON Lines {prompt, chosen, rejected}; returns the number of rows."""
+        preferences = self.preferences()
+        with open(path, "w", encoding="utf-8") as out:
+            for p in preferences:
+                out.write(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
+        return len(preferences)
+
+    def export_parquet(self, path: str | Path) -> int:
+        dataset = self.export_dataset()
+        dataset.to_parquet(str(path))
+        return len(dataset)
+
+    def versus_win_rates(self) -> list[WinRate]:
+        """Per (newer policy, earlier policy): human votes on `versus` pairs, ties counting half a win."""
+        results = []
+        for row in self._rows(queries.SELECT_VERSUS_TALLIES):
+            judged = row["wins"] + row["losses"] + row["ties"]
+            rate = (row["wins"] + 0.5 * row["ties"]) / judged if judged else None
+            results.append(WinRate(win_rate=rate, **row))
+        return results

@@ -1,0 +1,89 @@
+"""The rounds table: a round's status, live metrics and error, and the stale rounds of processes that died.
+
+Mixed into `Store` (annotate/store/core.py), whose `_write` / `_rows` transactions these methods use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from annotate.records import Round
+from annotate.store.sql import now
+
+
+def process_is_alive(pid: int | None) -> bool:
+    """True when a process with this id runs on this machine (a zombie, dead but not yet reaped, counts as gone)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class RoundRecords:
+    """Rounds: started by the process that runs them, finished or failed by it, marked failed when it died."""
+
+    def start_round(self, pid: int | None = None) -> int:
+        """Record a running round owned by process `pid` (this process by default)."""
+        with self._write() as db:
+            return db["rounds"].insert({
+                "status": "running", "started_at": now(), "metrics": "{}", "pid": pid or os.getpid(),
+            }).last_pk
+
+    def _update_round(self, round_id: int, metrics: dict | None, **columns) -> None:
+        with self._write() as db:
+            row = db.conn.execute("SELECT metrics FROM rounds WHERE id = ?", (round_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no round with id {round_id}")
+            merged = {**json.loads(row[0] or "{}"), **(metrics or {})}
+            db["rounds"].update(round_id, {**columns, "metrics": json.dumps(merged)})
+
+    def update_round_metrics(self, round_id: int, metrics: dict) -> None:
+        """Merge metrics into the round's (live progress); keys given replace earlier values."""
+        self._update_round(round_id, metrics)
+
+    def finish_round(self, round_id: int, metrics: dict | None = None) -> None:
+        self._update_round(round_id, metrics, status="done", finished_at=now())
+
+    def fail_round(self, round_id: int, error: str) -> None:
+        self._update_round(round_id, None, status="failed", finished_at=now(), error=error)
+
+    def rounds(self) -> list[Round]:
+        return [self._round(row) for row in self._rows("SELECT * FROM rounds ORDER BY id")]
+
+    def round(self, round_id: int) -> Round:
+        rows = self._rows("SELECT * FROM rounds WHERE id = ?", (round_id,))
+        if not rows:
+            raise KeyError(f"no round with id {round_id}")
+        return self._round(rows[0])
+
+    @staticmethod
+    def _round(row: dict) -> Round:
+        return Round(**{**row, "metrics": json.loads(row["metrics"] or "{}")})
+
+    def running_round(self) -> Round | None:
+        rows = self._rows("SELECT * FROM rounds WHERE status = 'running' ORDER BY id DESC LIMIT 1")
+        return self._round(rows[0]) if rows else None
+
+    def last_done_round(self) -> Round | None:
+        rows = self._rows("SELECT * FROM rounds WHERE status = 'done' ORDER BY id DESC LIMIT 1")
+        return self._round(rows[0]) if rows else None
+
+    def mark_stale_rounds_failed(self, is_alive: Callable[[int | None], bool] | None = None) -> list[int]:
+        """Mark `running` rounds whose process is gone as failed; returns their ids."""
+        is_alive = is_alive or process_is_alive
+        stale = [r for r in self.rounds() if r.status == "running" and not is_alive(r.pid)]
+        for stale_round in stale:
+            self.fail_round(stale_round.id, f"stale: its process {stale_round.pid} ended without finishing the round")
+        return [r.id for r in stale]
