@@ -51,10 +51,10 @@ def make_accelerator(mixed_precision: str = "auto", **kwargs):
     """The one Accelerator factory of every trainer.
 
     auto: bf16 autocast where the hardware has bf16 arithmetic (`native_bf16`), fp32 otherwise; the trained
-    weights and their optimiser state stay fp32 either way. `accelerate launch`'s own precision setting wins. Without a GPU, `cpu=True` is what makes the
-    processes that torchrun starts join over gloo instead of each training alone.
+    weights and their optimiser state stay fp32 either way. `accelerate launch`'s own precision setting wins.
+    Without a GPU, `cpu=True` is what makes the processes that torchrun starts join over gloo instead of each
+    training alone.
     """
-    import torch
     from accelerate import Accelerator
 
     precision: str | None = mixed_precision
