@@ -117,9 +117,11 @@ class PPOTrainer:
     def reference_log_probs(self, sequences: Tensor, attention_mask: Tensor, width: int) -> Tensor:
         """(B, T) reference log-probs; call under inference_mode."""
         if self.reference is not None:
-            return response_log_probs(self.reference, sequences, attention_mask, width)[0]
+            return response_log_probs(self.reference, sequences, attention_mask, width,
+                                      temperature=self.config.temperature)[0]
         with self.unwrapped_actor().disable_adapter():
-            return response_log_probs(self.unwrapped_actor(), sequences, attention_mask, width)[0]
+            return response_log_probs(self.unwrapped_actor(), sequences, attention_mask, width,
+                                      temperature=self.config.temperature)[0]
 
     def reward_scores(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor) -> Tensor:
         """(B,) reward-model scores of whole sequences (a mean-pooled one averages the response); inference_mode."""
@@ -159,13 +161,15 @@ class PPOTrainer:
 
     def trainable_forward(self, sequences: Tensor, attention_mask: Tensor, width: int):
         """(log_probs, values, entropy), each (B, T), from actor and critic with gradients."""
-        log_probs, entropy = response_log_probs(self.actor, sequences, attention_mask, width, with_entropy=True)
+        log_probs, entropy = response_log_probs(self.actor, sequences, attention_mask, width, with_entropy=True,
+                                                temperature=self.config.temperature)
         values = response_values(self.critic(sequences, attention_mask), width)  # (B, T)
         return log_probs, values, entropy
 
     def frozen_forward(self, sequences: Tensor, attention_mask: Tensor, width: int):
         """(log_probs, values), each (B, T), from actor and critic as they are; call under inference_mode."""
-        log_probs = response_log_probs(self.unwrapped_actor(), sequences, attention_mask, width)[0]
+        log_probs = response_log_probs(self.unwrapped_actor(), sequences, attention_mask, width,
+                                       temperature=self.config.temperature)[0]
         values = response_values(self.accelerator.unwrap_model(self.critic)(sequences, attention_mask), width)
         return log_probs, values
 

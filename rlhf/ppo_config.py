@@ -32,7 +32,8 @@ class PPOConfig:
     min_new_tokens: int = 0
     """EOS is suppressed before this many tokens; = max_new_tokens always generates the full length (benches)."""
     temperature: float = 0.7
-    """Sampling temperature (log-probs are taken from the raw logits, as DeepSpeed-Chat does)."""
+    """Sampling temperature, > 0; log-probs, ratios and KL use softmax(logits / temperature), the distribution
+    sampled from (as TRL does; DeepSpeed-Chat takes the raw logits)."""
     top_k: int = 0
     """Sample among the k most likely tokens only; 0 = off."""
     top_p: float = 1.0
@@ -84,6 +85,8 @@ class PPOConfig:
             raise ValueError("batch_size, mini_batch_size and ppo_epochs must be at least 1")
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError("min_new_tokens cannot exceed max_new_tokens")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be above 0 (PPO samples), not {self.temperature}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, not {self.mixed_precision!r}")
 

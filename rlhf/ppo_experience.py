@@ -111,12 +111,17 @@ def generate_responses(
 
 
 def response_log_probs(
-    model, sequences: Tensor, attention_mask: Tensor, response_width: int, with_entropy: bool = False
+    model, sequences: Tensor, attention_mask: Tensor, response_width: int, with_entropy: bool = False,
+    temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (B, T) of the response tokens under `model`, and their entropy (B, T) when asked.
+    """Log-probs (B, T) of the response tokens under softmax(logits / temperature), and its entropy (B, T) when asked.
 
-    Only the last T + 1 positions go through the LM head (`logits_to_keep`): the prompt's logits are
-    never needed and the vocabulary projection is the largest matmul of a small model.
+    PPO passes its sampling temperature: the log-probs are then those of the distribution the tokens were drawn
+    from (as TRL does), so the ratio is on-policy and the KL estimate log pi - log pi_ref is unbiased. Raw
+    logits (DeepSpeed-Chat) at temperature 0.7 make the sampled tokens look likelier than they were drawn, and a
+    round measured a KL of -0.29 per answer. Only the last T + 1 positions go through the LM head
+    (`logits_to_keep`): the prompt's logits are never needed and the vocabulary projection is the largest
+    matmul of a small model.
     """
     logits = model(
         input_ids=sequences,
@@ -125,6 +130,8 @@ def response_log_probs(
         logits_to_keep=response_width + 1,
         use_cache=False,
     ).logits[:, :-1]  # (B, T, V): the logits at P+t-1 predict response token t
+    if temperature != 1.0:
+        logits = logits / temperature  # (B, T, V)
     log_probs = gather_log_probs(logits, sequences[:, -response_width:])  # (B, T)
     entropy = None
     if with_entropy:

@@ -148,23 +148,51 @@ def test_response_log_probs_match_each_prefix_computed_alone(tiny_model_dir, tok
 
 
 def test_generation_log_probs_equal_the_scoring_pass(tiny_model_dir, tokenizer):
-    """The logits generate() sampled from give the same log-probs as the trainer's forward pass."""
-    config = PPOConfig(max_new_tokens=6, seed=3)
+    """The distribution generate() sampled from (logits / temperature) gives the trainer's log-probs."""
+    config = PPOConfig(max_new_tokens=6, seed=3, temperature=0.7, mixed_precision="no")
     model = load_causal_lm(tiny_model_dir).eval()
     trainer = PPOTrainer(model, zero_head_critic(tiny_model_dir), tokenizer, config,
                          reward_model=TokenShareReward(torch.tensor([5]), 6), reference=load_causal_lm(tiny_model_dir))
     batch = trainer.encode_prompts(PROMPTS)
     with torch.no_grad():
-        out = model.generate(**batch, generation_config=trainer.generation_config, output_logits=True,
+        out = model.generate(**batch, generation_config=trainer.generation_config, output_scores=True,
                              return_dict_in_generate=True)
-        width = len(out.logits)
+        width = len(out.scores)
         chosen = out.sequences[:, -width:]  # (B, T)
-        from_generate = torch.stack(out.logits, 1).log_softmax(-1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+        # scores: the logits after the temperature warper (top-k and top-p are off), what was sampled from
+        sampled_from = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
         action_mask, _ = response_mask_until_eos(chosen, [tokenizer.eos_token_id])
         attention_mask = torch.cat([batch["attention_mask"], action_mask], dim=1)
-        from_forward, _ = response_log_probs(model, out.sequences, attention_mask, width)
+        trainer_log_probs, _, _ = trainer.trainable_forward(out.sequences, attention_mask, width)
+        raw, _ = response_log_probs(model, out.sequences, attention_mask, width)
     real = action_mask.bool()
-    assert torch.allclose(from_forward[real], from_generate[real], atol=1e-4)
+    assert torch.allclose(trainer_log_probs[real], sampled_from[real], atol=1e-4)
+    assert not torch.allclose(raw[real], sampled_from[real], atol=1e-2)  # raw logits are another distribution
+
+
+class _FixedLogits(torch.nn.Module):
+    """A 'model' whose logits at every position are [0, ln 3] over a two-token vocabulary."""
+
+    def forward(self, input_ids, logits_to_keep, **_):
+        logits = torch.tensor([0.0, math.log(3.0)]).expand(input_ids.shape[0], logits_to_keep, 2)
+        return type("Output", (), {"logits": logits})()
+
+
+def test_log_probs_are_those_of_the_tempered_distribution():
+    sequences = torch.tensor([[0, 1, 0]])  # one prompt token, then the response 1, 0
+    mask = torch.ones_like(sequences)
+    # T = 1: softmax([0, ln 3]) = [1/4, 3/4]. T = 0.5: softmax([0, 2 ln 3]) = [1/10, 9/10].
+    plain, _ = response_log_probs(_FixedLogits(), sequences, mask, 2)
+    tempered, entropy = response_log_probs(_FixedLogits(), sequences, mask, 2, with_entropy=True, temperature=0.5)
+    assert torch.allclose(plain, torch.tensor([[math.log(3 / 4), math.log(1 / 4)]]))
+    assert torch.allclose(tempered, torch.tensor([[math.log(9 / 10), math.log(1 / 10)]]))
+    # entropy of [1/10, 9/10] = -(0.1 ln 0.1 + 0.9 ln 0.9) = 0.325083
+    assert torch.allclose(entropy, torch.full((1, 2), 0.325083), atol=1e-6)
+
+
+def test_ppo_needs_a_sampling_temperature():
+    with pytest.raises(ValueError, match="temperature"):
+        PPOConfig(temperature=0.0)
 
 
 # ----- the experience batch -----
@@ -256,8 +284,10 @@ def test_lora_ppo_learns_with_the_reference_held_once(peaked_model_dir, tokenize
     real = action_mask.bool()
     with torch.inference_mode():
         reference = trainer.reference_log_probs(sequences, attention_mask, width)
-        untouched = response_log_probs(base, sequences, attention_mask, width)[0]
-        trained = response_log_probs(trainer.unwrapped_actor(), sequences, attention_mask, width)[0]
+        temperature = trainer.config.temperature
+        untouched = response_log_probs(base, sequences, attention_mask, width, temperature=temperature)[0]
+        trained = response_log_probs(trainer.unwrapped_actor(), sequences, attention_mask, width,
+                                     temperature=temperature)[0]
     assert torch.allclose(reference[real], untouched[real], atol=1e-5)
     assert not torch.allclose(trained[real], untouched[real], atol=1e-3)
 
@@ -265,7 +295,7 @@ def test_lora_ppo_learns_with_the_reference_held_once(peaked_model_dir, tokenize
     assert (saved / "model.safetensors").is_file() and not (saved / "adapter_config.json").exists()
     reloaded = load_causal_lm(saved).eval()
     with torch.inference_mode():
-        merged = response_log_probs(reloaded, sequences, attention_mask, width)[0]
+        merged = response_log_probs(reloaded, sequences, attention_mask, width, temperature=temperature)[0]
     assert torch.allclose(merged[real], trained[real], atol=1e-4)
     assert hasattr(trainer.unwrapped_actor(), "disable_adapter")  # merging worked on a copy
 
@@ -293,7 +323,9 @@ def test_several_epochs_over_mini_batches_and_adaptive_kl(peaked_model_dir, toke
 def test_reusing_the_first_forward_gives_the_same_update(peaked_model_dir, tokenizer):
     results = []
     for reuse in (True, False):
-        trainer = learning_trainer(peaked_model_dir, tokenizer, batch_size=4, mini_batch_size=4, reuse_forward=reuse)
+        # fp32: under bf16 the inference-mode pass and the graph-building one may round differently
+        trainer = learning_trainer(peaked_model_dir, tokenizer, batch_size=4, mini_batch_size=4, reuse_forward=reuse,
+                                   mixed_precision="no")
         assert trainer.config.fused_first_update is reuse
         metrics = trainer.step(PROMPTS)
         results.append((metrics, [p.detach().clone() for p in trainer.unwrapped_actor().parameters()]))
