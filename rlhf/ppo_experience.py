@@ -131,7 +131,9 @@ def response_log_probs(
         use_cache=False,
     ).logits[:, :-1]  # (B, T, V): the logits at P+t-1 predict response token t
     if temperature != 1.0:
-        logits = logits / temperature  # (B, T, V)
+        # in fp32: under autocast a frozen model's logits are bf16, the prepared actor's fp32, and a bf16 division
+        # would round the two differently (KL 0.04 per answer between identical models instead of 0)
+        logits = logits.float() / temperature  # (B, T, V)
     log_probs = gather_log_probs(logits, sequences[:, -response_width:])  # (B, T)
     entropy = None
     if with_entropy:
