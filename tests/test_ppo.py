@@ -375,9 +375,9 @@ def test_bf16_autocasts_every_model_kept_in_fp32(tiny_model_dir, reward_model_di
     for model in (trainer.reference, trainer.reward_model, trainer.unwrapped_actor(), trainer.unwrapped_critic()):
         assert next(model.parameters()).dtype == torch.float32
     metrics = trainer.step(PROMPTS[:2])
-    # actor == reference before the first update: their bf16 log-probs agree, so the step's KL is (nearly) 0;
-    # a bf16-stored reference measured -0.034 per answer on the default model (bench/bf16_accuracy.py)
-    assert abs(metrics["ppo/kl"]) < 1e-3
+    # actor == reference before the first update: their bf16 log-probs agree, so the step's KL is 0; a bf16-stored
+    # reference (or a bf16 division by the temperature) measured 0.03-0.04 per answer on the default model
+    assert abs(metrics["ppo/kl"]) < 1e-6
     assert math.isfinite(metrics["ppo/value_loss"])
     fp32 = build_ppo_trainer(tiny_model_dir, reward_model_dir, PPOConfig(batch_size=2, mini_batch_size=2,
                                                                          max_new_tokens=4, mixed_precision="no"))
