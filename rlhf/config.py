@@ -55,7 +55,7 @@ class RoundConfig:
     versus_share: float = 0.25
     """Share of the next pairs that put the new policy against an earlier one."""
     checkpoints_dir: str = "data/checkpoints"
-    """Where reward models and policies of each round are saved."""
+    """Where reward models and policies of each round are saved, in a folder per database: <dir>/<db name>/round-N."""
     seed: int = 0
     """Seed for splits, prompt choice and training."""
 

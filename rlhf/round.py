@@ -163,7 +163,7 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
     ppo_prompts = rng.sample(prompts, min(config.round.ppo_prompts, len(prompts)))
     round_id = store.start_round(pid=os.getpid())
     policy_round = max(p.round for p in store.policies()) + 1
-    out_dir = Path(config.round.checkpoints_dir) / f"round-{round_id}"
+    out_dir = round_checkpoint_dir(config.round.checkpoints_dir, store.path, round_id)
     plan = RoundPlan(
         round_id=round_id, policy_round=policy_round, preferences=preferences, new_pairs=new_pairs,
         reference_path=first.path, actor_path=latest.path, actor_policy_id=latest.id,
@@ -175,6 +175,14 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
         "round/actor_policy_id": latest.id, "round/reference": first.path,
     })
     return plan
+
+
+def round_checkpoint_dir(checkpoints_dir: str | Path, db_path: str | Path, round_id: int) -> Path:
+    """`<checkpoints_dir>/<database name>/round-<id>`: round ids restart in every database, and a round replaces
+    a folder of its own name (a crashed attempt), so two databases (a demo beside the real one) must never share one.
+    """
+    database = "memory" if str(db_path) == ":memory:" else Path(db_path).stem
+    return Path(checkpoints_dir) / database / f"round-{round_id}"
 
 
 def _publish(staging: Path, target: Path) -> Path:

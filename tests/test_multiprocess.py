@@ -196,7 +196,7 @@ def test_a_round_under_two_processes_records_one_round_and_one_policy(tmp_path, 
     with Store(db) as store:
         assert [p.round for p in store.policies()] == [0, 1]
         assert [r.status for r in store.rounds()] == ["done"]
-        round_dir = tmp_path / "checkpoints" / f"round-{store.rounds()[0].id}"
+        round_dir = tmp_path / "checkpoints" / db.stem / f"round-{store.rounds()[0].id}"
     assert sorted(path.name for path in round_dir.iterdir()) == ["policy", "reward"]
     saved = json.loads((round_dir / "reward" / "reward_model.json").read_text())
     assert (saved["pooling"], saved["layer"]) == ("mean", 1)

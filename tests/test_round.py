@@ -67,6 +67,21 @@ def test_two_rounds_record_two_policies_their_metrics_and_fresh_pairs(tmp_path, 
     assert any(pair.kind == "versus" for pair in new_pairs)
 
 
+def test_two_databases_sharing_a_checkpoints_dir_keep_their_own_round_folders(tmp_path, tiny_model_dir):
+    """Round ids restart in each database; a demo database's round 1 must not replace the real one's policy."""
+    config = load_config(None, tiny_settings(tmp_path))
+    results = {}
+    for name in ("real", "demo"):
+        db = tmp_path / f"{name}.db"
+        seed_votes(db, tiny_model_dir)
+        results[name] = run_round(db, str(tiny_model_dir), config, log=lambda message: None)
+    paths = {name: Path(Store(tmp_path / f"{name}.db").policy(result.policy_id).path)
+             for name, result in results.items()}
+    assert paths["real"] == tmp_path / "checkpoints" / "real" / "round-1" / "policy"
+    assert paths["demo"] == tmp_path / "checkpoints" / "demo" / "round-1" / "policy"
+    assert all((path / "config.json").is_file() for path in paths.values())  # the second round removed nothing
+
+
 def test_too_few_new_pairs_is_refused_with_the_numbers(tmp_path, tiny_model_dir, capsys):
     db = tmp_path / "few.db"
     seed_votes(db, tiny_model_dir, n_pairs=2)
