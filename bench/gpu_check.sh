@@ -92,7 +92,7 @@ if ((INSTALL)); then
 fi
 run convert-default-model 60 "$PYTHON" -c 'from rlhf.models import resolve_model_path; print(resolve_model_path("default"))'
 run slow-tests 240 "$PYTHON" -m pytest -m slow -q -x -p no:cacheprovider
-# bf16 on the GPU: PPO picks it where CUDA supports it; the reward trainer follows accelerate's variable.
+# bf16 on the GPU: auto picks it where CUDA supports it (the variable makes it explicit for the reward bench).
 bench ppo-bench 60 "$PYTHON" bench/ppo_step.py --full-length --steps 4
 bench reward-bench 90 env ACCELERATE_MIXED_PRECISION=bf16 "$PYTHON" bench/reward_train.py
 

@@ -85,7 +85,7 @@ def build_ppo_trainer(
     same_reference = reference_path is None or _same_model(reference_path, actor_path)
     same_critic = critic_path is None or _same_model(critic_path, reward_model_path)
     tokenizer = load_tokenizer(actor_path)
-    actor = load_causal_lm(actor_path)  # trained: fp32 weights, bf16 autocast on CUDA
+    actor = load_causal_lm(actor_path)  # trained: fp32 weights, bf16 autocast where the hardware has it
     critic = RewardModel.from_pretrained(critic_path or reward_model_path)
     reference = reward_model = None
     if config.use_lora:
