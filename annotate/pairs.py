@@ -217,10 +217,13 @@ def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, polic
     pairs the ones `chooser` picks (the reward model's most uncertain, plus a random share).
 
     Only the chosen pairs' answers are stored. report.stats["active/uncertain"] counts the pairs chosen for
-    uncertainty (before any were dropped as identical or empty).
+    uncertainty (before any were dropped as identical or empty). `seed` fixes the prompts, the choice, the sides and,
+    unless `sampling.seed` is set, the sampling too, as in `make_pairs`.
     """
     rng = random.Random(seed)
     sampling = sampling or AnswerSampling()
+    if sampling.seed is None and seed is not None:
+        sampling = replace(sampling, seed=seed)
     policy = store.policy(policy_id)
     report = PairsReport(policy_id=policy.id)
     prompts = select_prompts(store, math.ceil(n_pairs * prompts_per_pair), "least_used", rng) if n_pairs > 0 else []

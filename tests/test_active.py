@@ -91,3 +91,28 @@ def test_make_active_pairs_stores_the_pairs_the_chooser_picks(tiny_model_dir):
     texts = [{store.generation(p.gen_a).text, store.generation(p.gen_b).text} for p in stored]
     assert texts == [{seen["answers"][0][0], seen["answers"][0][3]}, {seen["answers"][2][1], seen["answers"][2][2]}]
     assert all(p.kind == "sample" for p in stored)
+
+
+def test_make_active_pairs_seed_fixes_the_sampled_answers(tiny_model_dir):
+    from annotate.pairs import ensure_base_policy, make_active_pairs
+    from annotate.store import Store
+    from rlhf.generate import AnswerSampling
+
+    def sampled(seed):
+        store = Store(":memory:")
+        store.add_prompts([f"Question number {i}?" for i in range(4)], source="test")
+        policy = ensure_base_policy(store, str(tiny_model_dir))
+        seen = []
+
+        def chooser(prompts, answers, n, chooser_seed):
+            seen.extend(answers)
+            return [(0, 0, 1)], 0
+
+        # no sampling seed: the call's seed must fix the draws, as make_pairs does
+        make_active_pairs(store, str(tiny_model_dir), None, 1, policy.id, chooser, per_prompt=4,
+                          sampling=AnswerSampling(max_new_tokens=8, temperature=1.5), seed=seed)
+        return seen
+
+    first = sampled(3)
+    assert sampled(3) == first
+    assert sampled(4) != first
