@@ -1,8 +1,8 @@
 """Simulated annotators: rules or any Python callable that votes through the same store path as people.
 
 A judge is a callable `(prompt, answer_a, answer_b) -> "a" | "b" | "tie" | "both_bad"`. Built-in rules:
-`longer`, `shorter`, `contains:WORD`, and `polite` (prefers the answer with more warm, polite words, a
-preference that is neither length nor one token). Noise flips a share of a/b votes, as disagreeing
+`longer`, `shorter`, `contains:WORD`, `polite` (prefers the answer with more warm, polite words, a
+preference that is neither length nor one token) and `courteous` (the same with ten words of courtesy only). Noise flips a share of a/b votes, as disagreeing
 human labellers would.
 """
 
@@ -23,6 +23,12 @@ POLITE_WORDS = frozenset(
     gently warm warmly care caring friend friendly enjoy delighted pleasure helpful support certainly
     absolutely gladly hello hi dear best wishes good nice sure""".split()
 )
+"""Forty words, many of them everyday ("good", "sure", "best", "care", "support") that are as often plain as warm
+("good for the soil", "make sure"): a lexical rule more than a tone."""
+
+COURTESY_WORDS = frozenset("please thank thanks sorry glad happy welcome appreciate kindly hope".split())
+"""Ten words of courtesy formulas ("thank you", "happy to help", "I hope this helps"): closer to what a person means
+by a polite answer, and to what the model's own features encode (README, "Learning from few votes")."""
 
 
 def _prefer(score_a: float, score_b: float) -> str:
@@ -54,12 +60,17 @@ def contains(word: str) -> Judge:
     return judge
 
 
-def politeness(text: str) -> float:
-    """Share of words in the text that are warm or polite, per DESIGN's few-votes target (not length, not one token)."""
+def word_share(text: str, vocabulary: frozenset[str]) -> float:
+    """Share of the text's words that are in `vocabulary` (lower case; 0 for a text without words)."""
     words = re.findall(r"[a-z']+", text.lower())
     if not words:
         return 0.0
-    return sum(word in POLITE_WORDS for word in words) / len(words)
+    return sum(word in vocabulary for word in words) / len(words)
+
+
+def politeness(text: str) -> float:
+    """Share of words in the text that are warm or polite, per DESIGN's few-votes target (not length, not one token)."""
+    return word_share(text, POLITE_WORDS)
 
 
 def polite(prompt: str, answer_a: str, answer_b: str) -> str:
@@ -67,7 +78,12 @@ def polite(prompt: str, answer_a: str, answer_b: str) -> str:
     return _prefer(politeness(answer_a), politeness(answer_b))
 
 
-BUILT_IN_RULES: dict[str, Judge] = {"longer": longer, "shorter": shorter, "polite": polite}
+def courteous(prompt: str, answer_a: str, answer_b: str) -> str:
+    """Prefers the answer with the larger share of courtesy words (please, thank you, sorry, glad, hope ...)."""
+    return _prefer(word_share(answer_a, COURTESY_WORDS), word_share(answer_b, COURTESY_WORDS))
+
+
+BUILT_IN_RULES: dict[str, Judge] = {"longer": longer, "shorter": shorter, "polite": polite, "courteous": courteous}
 
 
 class AnnotatorSpecError(ValueError):
@@ -75,7 +91,7 @@ class AnnotatorSpecError(ValueError):
 
 
 def resolve_judge(spec: str) -> Judge:
-    """`longer`, `shorter`, `polite`, `contains:WORD` or `package.module:function`."""
+    """`longer`, `shorter`, `polite`, `courteous`, `contains:WORD` or `package.module:function`."""
     if spec in BUILT_IN_RULES:
         return BUILT_IN_RULES[spec]
     if spec.startswith("contains:"):

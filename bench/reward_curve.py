@@ -12,7 +12,8 @@ start from the same random 32; random then shows further random pairs, active qu
 ensemble disagrees on most, plus a random share. Ends with one JSON line.
 
     python bench/curve_data.py --max-new-tokens 64        # once (minutes on CPU), resumable
-    python bench/reward_curve.py        # 10 seeds, 32-384 votes (and pairs shown), about a minute
+    python bench/curve_data.py --max-new-tokens 64 --seed 1   # a second set: 8 answers a prompt with --answer-seeds 0,1
+    python bench/reward_curve.py --answer-seeds 0,1 --annotator courteous   # 10 seeds, 32-384 votes, about a minute
 """
 
 from __future__ import annotations
@@ -154,6 +155,14 @@ def run_seed(data: CurveData, seed: int, sizes: list[int], strategies: list[str]
     return result
 
 
+def pooled_answers(per_prompt: int, max_new_tokens: int, seeds: list[int]) -> list[dict]:
+    """Rows {prompt, answers} of the prompts every seed's cache holds, each prompt's answers from all seeds."""
+    sets = [{r["prompt"]: r["answers"] for r in read_answers(answers_cache_path(per_prompt, max_new_tokens, s))}
+            for s in seeds]
+    prompts = [p for p in sets[0] if all(p in answers for answers in sets[1:])]
+    return [{"prompt": p, "answers": list(dict.fromkeys(a for answers in sets for a in answers[p]))} for p in prompts]
+
+
 def summarise(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
             "n": len(values)}
@@ -171,14 +180,17 @@ def main() -> int:
     parser.add_argument("--active-share", type=float, default=0.25, help="random share of each active batch")
     parser.add_argument("--per-prompt", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--answer-seeds", default="0",
+                        help="cached answer sets to pool per prompt (curve_data.py --seed S for each; 0,1: 8 answers)")
     parser.add_argument("--features-only", action="store_true", help="extract and cache features, then stop")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (one thread each)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = [r for r in read_answers(answers_cache_path(args.per_prompt, args.max_new_tokens, 0))]
+    rows = pooled_answers(args.per_prompt, args.max_new_tokens, [int(s) for s in args.answer_seeds.split(",")])
     if not rows:
-        print("No cached answers: run python bench/curve_data.py first.", file=sys.stderr)
+        print(f"No cached answers for seeds {args.answer_seeds}: run python bench/curve_data.py --max-new-tokens "
+              f"{args.max_new_tokens} --seed S first.", file=sys.stderr)
         return 2
     index, features = load_features(rows, args.model, f"{Path(str(args.model)).name}-t{args.max_new_tokens}")
     if args.features_only:
@@ -189,7 +201,8 @@ def main() -> int:
     started = time.perf_counter()
     jobs = [(data, seed, sizes, strategies, args.flip, args.active_strategy, args.active_share)
             for seed in range(args.seeds)]
-    with multiprocessing.get_context("fork").Pool(min(args.jobs, args.seeds)) as pool:  # one seed a process
+    # one seed a process, each on one thread: a forked child that uses the parent's OpenMP pool hangs
+    with multiprocessing.get_context("fork").Pool(min(args.jobs, args.seeds), torch.set_num_threads, (1,)) as pool:
         runs = pool.starmap(run_seed, jobs)
     curve = {s: {n: summarise([r["curve"][s][n] for r in runs if n in r["curve"].get(s, {})])
                  for n in sizes if any(n in r["curve"].get(s, {}) for r in runs)} for s in strategies}
@@ -197,7 +210,8 @@ def main() -> int:
                       "votes": statistics.fmean([r[arm][n]["votes"] for r in runs if n in r[arm]])}
                   for n in sizes if any(n in r[arm] for r in runs)} for arm in ("active", "random")}
     ties = sum(t == "tie" for t in data.truth) / len(data.truth)
-    print(f"\n{len(rows)} prompts, {len(data.candidates)} candidate pairs ({ties:.0%} ties), annotator "
+    print(f"\n{len(rows)} prompts x {statistics.fmean(len(r['answers']) for r in rows):.1f} answers, "
+          f"{len(data.candidates)} candidate pairs ({ties:.0%} ties), annotator "
           f"{args.annotator} with {args.flip:.0%} flips for training, noiseless for evaluation; "
           f"{statistics.fmean(r['n_eval'] for r in runs):.0f} held-out pairs; {args.seeds} seeds (mean +- std)")
     print(f"{'strategy':<20}" + "".join(f"{n:>14}" for n in sizes))
@@ -210,6 +224,7 @@ def main() -> int:
             f"{arms[arm][n]['mean']:>7.1%} ({arms[arm][n]['votes']:.0f})" if n in arms[arm] else f"{'-':>14}"
             for n in sizes))
     print(json.dumps({"bench": "reward_curve", "annotator": args.annotator, "flip": args.flip, "seeds": args.seeds,
+                      "answer_seeds": args.answer_seeds, "answers_per_prompt": statistics.fmean(len(r["answers"]) for r in rows),
                       "prompts": len(rows), "candidates": len(data.candidates), "tie_share": round(ties, 3),
                       "n_eval": statistics.fmean(r["n_eval"] for r in runs),
                       "curve": {s: {n: round(v["mean"], 4) for n, v in c.items()} for s, c in curve.items()},

@@ -33,8 +33,8 @@ from rlhf.reward_train import RewardTrainConfig, train_reward_model
 
 STRATEGIES = ("head", "ensemble", "full")
 DEFAULT_FEATURE = "mean@2"
-"""The frozen feature of the head strategies: bench/reward_curve.py (polite annotator, 25% flips, 10 splits) had
-the answer-mean of layer 2 best at 128-200 votes (62%, 65%), layers 3-4 a point behind, the last token at chance."""
+"""The frozen feature of the head strategies: bench/reward_curve.py (25% flips, 10 splits) had the answer-mean of
+layer 2 best at 200 votes (courteous annotator 72%, polite 63%), layer 3 a point behind, the last token at chance."""
 HEADS_FILE = "bt_heads.safetensors"
 STRATEGY_FILE = "preference_strategy.json"
 

@@ -27,12 +27,12 @@ Log = Callable[[str], None]
 
 
 CURVE_VOTES_FOR_TARGET = 200
-"""bench/reward_curve.py (polite annotator, 25% flips, 232 prompts x 4 answers of the default model, 10 splits): the
-default head (answer-mean of layer 2, "mean@2") reached 62% held-out accuracy at 128 votes, 65% at 200 and 67% at
-384; the last-token feature stayed at chance. The refusal quotes it when the measured accuracy itself says nothing
-about the votes needed."""
-CURVE_ACCURACY_AT_TARGET = 0.65
-"""The curve's held-out accuracy at CURVE_VOTES_FOR_TARGET votes."""
+"""bench/reward_curve.py (25% flips, 232 prompts x 8 answers of the default model, 10 splits): the default head
+(answer-mean of layer 2, "mean@2") reached 72% held-out accuracy at 200 votes for the courteous annotator and 63% for
+the polite one (66% at 384); the last-token feature stayed at chance. The refusal quotes it when the measured
+accuracy itself says nothing about the votes needed."""
+CURVE_ACCURACY_AT_TARGET = (0.63, 0.72)
+"""The curve's held-out accuracy at CURVE_VOTES_FOR_TARGET votes: polite and courteous annotators."""
 
 
 class RoundRefused(RuntimeError):
@@ -335,8 +335,9 @@ def _check_accuracy(metrics: dict, plan: RoundPlan, config: LoopConfig, record, 
         if needed is not None and needed > n_votes and accuracy >= config.round.min_accuracy:
             more = f"At this accuracy about {needed - n_votes} more votes ({needed} in all) would show it is not chance"
         else:
-            more = (f"On the learning curve (bench/reward_curve.py, polite annotator, 25% flips) the default head "
-                    f"needed about {CURVE_VOTES_FOR_TARGET} votes in all for ~{CURVE_ACCURACY_AT_TARGET:.0%} held-out "
+            low_curve, high_curve = CURVE_ACCURACY_AT_TARGET
+            more = (f"On the learning curves (bench/reward_curve.py, simulated annotators, 25% flips) the default head "
+                    f"needed about {CURVE_VOTES_FOR_TARGET} votes in all for {low_curve:.0%}-{high_curve:.0%} held-out "
                     f"accuracy: about {max(CURVE_VOTES_FOR_TARGET - n_votes, 0)} more")
         raise RoundRefused(
             f"The reward model's held-out accuracy {accuracy:.1%} ({low:.0%}-{high:.0%}, 95% interval on {n_heldout} "

@@ -1,7 +1,8 @@
 import pytest
 
 from annotate.records import Answer, NewPair
-from annotate.simulate import AnnotatorSpecError, noisy, politeness, resolve_judge, simulate_votes
+from annotate.simulate import (COURTESY_WORDS, AnnotatorSpecError, noisy, politeness, resolve_judge,
+                               simulate_votes, word_share)
 from annotate.store import Store
 
 
@@ -43,6 +44,15 @@ def test_contains_rule_and_module_function_spec():
 def test_politeness_counts_warm_words_not_length():
     assert politeness("Thank you, I am glad to help!") == pytest.approx(2 / 7)
     assert resolve_judge("polite")("p", "Sure, happy to help.", "Do it yourself and stop asking me things.") == "a"
+
+
+def test_courteous_counts_only_courtesy_words_as_a_share():
+    # "good" and "sure" are polite words but not courtesy words: 2 of 7 words against 1 of 3
+    assert word_share("Thank you, I am glad to help!", COURTESY_WORDS) == pytest.approx(2 / 7)
+    courteous = resolve_judge("courteous")
+    assert courteous("p", "Sure, that is good.", "Good, sure, fine.") == "tie"  # polite would not tie these
+    assert resolve_judge("polite")("p", "Sure, that is good.", "Good, sure, fine.") == "b"
+    assert courteous("p", "Thank you, I am glad to help!", "Happy to help.") == "b"  # 2/7 < 1/3: a share, not a count
 
 
 def test_noise_flips_about_the_requested_share_of_votes():
