@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="--demo-loop's simulated annotator and judge (default polite)")
     simulated.add_argument("--eval-prompts", type=int, default=32, metavar="N",
                            help="prompts kept out of training on which --demo-loop judges each policy (default 32)")
+    simulated.add_argument("--eval-answers", type=int, default=1, metavar="K",
+                           help="answers per evaluation prompt, each judged against the first policy's (default 1; "
+                                "more narrow the win rate when the judge ties often)")
     simulated.add_argument("--votes", type=int, default=50, metavar="N", help="votes to cast (default 50)")
     simulated.add_argument("--noise", type=float, default=0.0, metavar="RATE",
                            help="share of a/b votes flipped, like disagreeing people (default 0)")

@@ -85,7 +85,8 @@ def head_to_head(judge, prompts: list[str], new_answers: list[str], first_answer
     return {"win_rate": (counts["wins"] + 0.5 * counts["ties"]) / n if n else 0.0, **counts}
 
 
-def _answers(policy_path: str, prompts: list[str], config: LoopConfig, seed: int) -> list[str]:
+def _answers(policy_path: str, prompts: list[str], config: LoopConfig, seed: int, per_prompt: int) -> list[str]:
+    """`per_prompt` sampled answers to each prompt, prompt by prompt (the order of `_repeat(prompts, per_prompt)`)."""
     from dataclasses import replace
 
     from annotate.pairs import load_policy_model
@@ -93,8 +94,12 @@ def _answers(policy_path: str, prompts: list[str], config: LoopConfig, seed: int
 
     model, tokenizer = load_policy_model(policy_path)
     sampling = replace(config.sampling, seed=seed)
-    generated = generate_answers(model, tokenizer, prompts, n_per_prompt=1, sampling=sampling)
-    return [answers[0].text for answers in generated.answers]
+    generated = generate_answers(model, tokenizer, prompts, n_per_prompt=per_prompt, sampling=sampling)
+    return [answer.text for answers in generated.answers for answer in answers]
+
+
+def _repeat(prompts: list[str], times: int) -> list[str]:
+    return [prompt for prompt in prompts for _ in range(times)]
 
 
 def command_demo_loop(args) -> int:
@@ -109,6 +114,10 @@ def command_demo_loop(args) -> int:
     except (ConfigError, AnnotatorSpecError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.eval_answers < 1 or args.eval_prompts < 1:
+        print(f"error: --eval-prompts and --eval-answers must be at least 1 (got {args.eval_prompts} and "
+              f"{args.eval_answers}): the win rate needs answers to judge", file=sys.stderr)
+        return 2
     voter = noisy(judge, args.noise, random.Random(args.seed + 7)) if args.noise else judge
     name = args.annotator_name or f"sim:{args.annotator}"
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
@@ -119,8 +128,9 @@ def command_demo_loop(args) -> int:
     rng = random.Random(args.seed)
     eval_prompts = rng.sample([p.text for p in store.prompts()], min(args.eval_prompts, store.count_prompts()))
     _log(f"Demo loop: {args.rounds} rounds, annotator {args.annotator} (noise {args.noise:.0%}), "
-         f"{args.votes} votes a round, win rate judged on {len(eval_prompts)} prompts kept out of training.")
-    first_answers = _answers(first.path, eval_prompts, config, seed=args.seed)
+         f"{args.votes} votes a round, win rate judged on {args.eval_answers} answer(s) to each of "
+         f"{len(eval_prompts)} prompts kept out of training.")
+    first_answers = _answers(first.path, eval_prompts, config, args.seed, args.eval_answers)
     rows = []
     for round_number in range(1, args.rounds + 1):
         started = time.perf_counter()
@@ -137,13 +147,13 @@ def command_demo_loop(args) -> int:
         except RoundRefused as error:
             print(f"round {round_number} refused: {error}", file=sys.stderr)
             break
-        new_answers = _answers(store.policy(result.policy_id).path, eval_prompts, config, seed=args.seed)
+        new_answers = _answers(store.policy(result.policy_id).path, eval_prompts, config, args.seed, args.eval_answers)
         row = {
             "round": round_number,
             "rm_accuracy": result.metrics.get("rm/heldout_accuracy"),
             "reward": result.metrics.get("ppo/reward"),
             "kl": result.metrics.get("ppo/kl"),
-            **head_to_head(judge, eval_prompts, new_answers, first_answers),
+            **head_to_head(judge, _repeat(eval_prompts, args.eval_answers), new_answers, first_answers),
             "seconds": round(time.perf_counter() - started, 1),
         }
         rows.append(row)

@@ -155,15 +155,15 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     db = tmp_path / "demo.db"
     settings = [arg for setting in tiny_settings(tmp_path) + ["votes.oversample=2"] for arg in ("--set", setting)]
     code = app.main(["--demo-loop", "--rounds", "2", "--annotator", "longer", "--votes", "8", "--eval-prompts", "4",
-                     "--db", str(db), "--model", str(tiny_model_dir), *settings])
+                     "--eval-answers", "2", "--db", str(db), "--model", str(tiny_model_dir), *settings])
     out = capsys.readouterr().out
     assert code == 0
     result = json.loads(out.strip().splitlines()[-1])
     assert [row["round"] for row in result["rounds"]] == [1, 2]
     for row in result["rounds"]:
         assert set(row) == {"round", "rm_accuracy", "reward", "kl", "win_rate", "wins", "losses", "ties", "seconds"}
-        assert row["wins"] + row["losses"] + row["ties"] == 4  # one verdict per evaluation prompt
-        assert row["win_rate"] == (row["wins"] + 0.5 * row["ties"]) / 4
+        assert row["wins"] + row["losses"] + row["ties"] == 8  # one verdict per evaluation answer (4 prompts x 2)
+        assert row["win_rate"] == (row["wins"] + 0.5 * row["ties"]) / 8
     store = Store(db)
     assert [p.round for p in store.policies()] == [0, 1, 2]
     assert len(store.votes(annotator="sim:longer")) == 16
@@ -180,3 +180,11 @@ def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
     # new on side a for rows 0, 2, 4 and on side b for 1, 3: wins at 0, 1, 4; tie at 2; loss at 3
     result = head_to_head(longer, prompts, new, first)
     assert result == {"win_rate": (3 + 0.5) / 5, "wins": 3, "losses": 1, "ties": 1}
+
+
+def test_demo_loop_refuses_zero_evaluation_answers_before_touching_the_database(tmp_path, capsys):
+    db = tmp_path / "demo.db"
+    code = app.main(["--demo-loop", "--eval-answers", "0", "--db", str(db)])
+    assert code == 2
+    assert "--eval-answers must be at least 1" in capsys.readouterr().err
+    assert not db.exists()
