@@ -2,8 +2,8 @@
 
 A judge is a callable `(prompt, answer_a, answer_b) -> "a" | "b" | "tie" | "both_bad"`. Built-in rules:
 `longer`, `shorter`, `contains:WORD`, `polite` (prefers the answer with more warm, polite words, a
-preference that is neither length nor one token) and `courteous` (the same with ten words of courtesy only). Noise flips a share of a/b votes, as disagreeing
-human labellers would.
+preference that is neither length nor one token) and `courteous` (the same with ten words of courtesy only).
+Noise flips a share of a/b votes, as disagreeing human labellers would.
 """
 
 from __future__ import annotations
