@@ -224,7 +224,8 @@ def main() -> int:
             f"{arms[arm][n]['mean']:>7.1%} ({arms[arm][n]['votes']:.0f})" if n in arms[arm] else f"{'-':>14}"
             for n in sizes))
     print(json.dumps({"bench": "reward_curve", "annotator": args.annotator, "flip": args.flip, "seeds": args.seeds,
-                      "answer_seeds": args.answer_seeds, "answers_per_prompt": statistics.fmean(len(r["answers"]) for r in rows),
+                      "answer_seeds": args.answer_seeds,
+                      "answers_per_prompt": statistics.fmean(len(r["answers"]) for r in rows),
                       "prompts": len(rows), "candidates": len(data.candidates), "tie_share": round(ties, 3),
                       "n_eval": statistics.fmean(r["n_eval"] for r in runs),
                       "curve": {s: {n: round(v["mean"], 4) for n, v in c.items()} for s, c in curve.items()},
