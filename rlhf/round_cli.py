@@ -141,15 +141,15 @@ def command_demo_loop(args) -> int:
             make_pairs(store, latest.path, None, args.votes - waiting, latest.id, sampling=config.sampling,
                        seed=args.seed + round_number, show_bar=True)
         voted = simulate_votes(store, voter, name, args.votes, seed=args.seed + round_number)
-        _log(f"Round {round_number}: {name} cast {voted.votes} votes.")
+        _log(f"Demo round {round_number} of {args.rounds}: {name} cast {voted.votes} votes.")
         try:
             result = run_round(args.db, args.model, config, log=_log, exclude_prompts=set(eval_prompts))
         except RoundRefused as error:
-            print(f"round {round_number} refused: {error}", file=sys.stderr)
+            print(f"demo round {round_number} of {args.rounds} refused: {error}", file=sys.stderr)
             break
         new_answers = _answers(store.policy(result.policy_id).path, eval_prompts, config, args.seed, args.eval_answers)
         row = {
-            "round": round_number,
+            "round": result.round_id,  # the database's round: a reused database goes on from its last one
             "rm_accuracy": result.metrics.get("rm/heldout_accuracy"),
             "reward": result.metrics.get("ppo/reward"),
             "kl": result.metrics.get("ppo/kl"),
@@ -157,7 +157,7 @@ def command_demo_loop(args) -> int:
             "seconds": round(time.perf_counter() - started, 1),
         }
         rows.append(row)
-        print(f"round {round_number}: rm accuracy {row['rm_accuracy']}, reward {row['reward']}, "
+        print(f"round {result.round_id}: rm accuracy {row['rm_accuracy']}, reward {row['reward']}, "
               f"kl {row['kl']}, win rate vs first {row['win_rate']:.1%} ({row['wins']} wins, {row['losses']} losses, "
               f"{row['ties']} ties), {row['seconds']} s", flush=True)
     store.close()

@@ -170,6 +170,11 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     assert [p.round for p in store.policies()] == [0, 1, 2]
     assert len(store.votes(annotator="sim:longer")) == 16
     assert [r.status for r in store.rounds()] == ["done", "done"]
+    # the same database again: its rows go on from the database's round 3, not from 1
+    code = app.main(["--demo-loop", "--rounds", "1", "--annotator", "longer", "--votes", "8", "--eval-prompts", "4",
+                     "--db", str(db), "--model", str(tiny_model_dir), *settings])
+    assert code == 0
+    assert [row["round"] for row in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rounds"]] == [3]
 
 
 def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
