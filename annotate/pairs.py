@@ -162,9 +162,7 @@ def make_pairs(
     if not 0.0 <= versus_share <= 1.0:
         raise ValueError(f"versus_share must lie between 0 and 1, got {versus_share}")
     rng = random.Random(seed)
-    sampling = sampling or AnswerSampling()
-    if sampling.seed is None and seed is not None:  # one seed fixes the prompts, the sides and the draws
-        sampling = replace(sampling, seed=seed)
+    sampling = _seeded(sampling, seed)
     policy = store.policy(policy_id)
     report = PairsReport(policy_id=policy.id)
 
@@ -221,9 +219,7 @@ def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, polic
     unless `sampling.seed` is set, the sampling too, as in `make_pairs`.
     """
     rng = random.Random(seed)
-    sampling = sampling or AnswerSampling()
-    if sampling.seed is None and seed is not None:
-        sampling = replace(sampling, seed=seed)
+    sampling = _seeded(sampling, seed)
     policy = store.policy(policy_id)
     report = PairsReport(policy_id=policy.id)
     prompts = select_prompts(store, math.ceil(n_pairs * prompts_per_pair), "least_used", rng) if n_pairs > 0 else []
@@ -246,6 +242,12 @@ def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, polic
     report.written = report.sample = len(new_pairs)
     report.stats["active/uncertain"] = float(n_uncertain)
     return report
+
+
+def _seeded(sampling: AnswerSampling | None, seed: int | None) -> AnswerSampling:
+    """The settings, with `seed` as the sampling seed when they have none: one seed fixes prompts, sides and draws."""
+    sampling = sampling or AnswerSampling()
+    return replace(sampling, seed=seed) if sampling.seed is None and seed is not None else sampling
 
 
 def _chunk_sampling(sampling: AnswerSampling, chunk_index: int, offset: int = 0) -> AnswerSampling:
