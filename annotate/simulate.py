@@ -78,12 +78,26 @@ def polite(prompt: str, answer_a: str, answer_b: str) -> str:
     return _prefer(politeness(answer_a), politeness(answer_b))
 
 
+def courtesy(text: str) -> float:
+    """Share of words in the text that are courtesy words (please, thank you, sorry, glad, hope ...)."""
+    return word_share(text, COURTESY_WORDS)
+
+
 def courteous(prompt: str, answer_a: str, answer_b: str) -> str:
     """Prefers the answer with the larger share of courtesy words (please, thank you, sorry, glad, hope ...)."""
-    return _prefer(word_share(answer_a, COURTESY_WORDS), word_share(answer_b, COURTESY_WORDS))
+    return _prefer(courtesy(answer_a), courtesy(answer_b))
 
 
 BUILT_IN_RULES: dict[str, Judge] = {"longer": longer, "shorter": shorter, "polite": polite, "courteous": courteous}
+
+RULE_SCORES: dict[str, Callable[[str], float]] = {
+    "longer": lambda text: float(len(text.split())),
+    "shorter": lambda text: -float(len(text.split())),
+    "polite": politeness,
+    "courteous": courtesy,
+}
+"""The quantity each built-in rule compares, per answer: its mean over a policy's answers moves by degrees where
+the pairwise verdict between two policies is mostly a tie."""
 
 
 class AnnotatorSpecError(ValueError):
@@ -110,6 +124,17 @@ def resolve_judge(spec: str) -> Judge:
         return function
     names = ", ".join([*BUILT_IN_RULES, "contains:WORD", "module:function"])
     raise AnnotatorSpecError(f"unknown annotator {spec!r}; use one of: {names}")
+
+
+def resolve_score(spec: str) -> Callable[[str], float] | None:
+    """The per-answer score behind a built-in rule (`contains:WORD`: 1 when the answer contains the word); None for a
+    `module:function` annotator, which is a verdict only."""
+    if spec in RULE_SCORES:
+        return RULE_SCORES[spec]
+    if spec.startswith("contains:") and spec.split(":", 1)[1]:
+        needle = spec.split(":", 1)[1].lower()
+        return lambda text: float(needle in text.lower())
+    return None
 
 
 def noisy(judge: Judge, flip_rate: float, rng: random.Random) -> Judge:

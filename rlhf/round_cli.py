@@ -85,6 +85,17 @@ def head_to_head(judge, prompts: list[str], new_answers: list[str], first_answer
     return {"win_rate": (counts["wins"] + 0.5 * counts["ties"]) / n if n else 0.0, **counts}
 
 
+def mean_score(score, answers: list[str]) -> float | None:
+    """The rule's mean score over the answers; None when the annotator has no score (a module:function verdict)."""
+    if score is None or not answers:
+        return None
+    return sum(score(answer) for answer in answers) / len(answers)
+
+
+def _score_text(value: float | None, first: float | None) -> str:
+    return "" if value is None else f", judge score {value:.4f} (first {first:.4f})"
+
+
 def _answers(policy_path: str, prompts: list[str], config: LoopConfig, seed: int, per_prompt: int) -> list[str]:
     """`per_prompt` sampled answers to each prompt, prompt by prompt (the order of `_repeat(prompts, per_prompt)`)."""
     from dataclasses import replace
@@ -105,7 +116,7 @@ def _repeat(prompts: list[str], times: int) -> list[str]:
 def command_demo_loop(args) -> int:
     """simulate -> round, R times, on the shipped prompts; the judge's win rate of each policy against the first."""
     from annotate.pairs import ensure_base_policy, make_pairs
-    from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, simulate_votes
+    from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, resolve_score, simulate_votes
     from annotate.store import Store
 
     try:
@@ -131,6 +142,10 @@ def command_demo_loop(args) -> int:
          f"{args.votes} votes a round, win rate judged on {args.eval_answers} answer(s) to each of "
          f"{len(eval_prompts)} prompts kept out of training.")
     first_answers = _answers(first.path, eval_prompts, config, args.seed, args.eval_answers)
+    score = resolve_score(args.annotator)
+    first_score = mean_score(score, first_answers)
+    if first_score is not None:
+        _log(f"The first policy's answers score {first_score:.4f} on average by the {args.annotator} rule.")
     rows = []
     for round_number in range(1, args.rounds + 1):
         started = time.perf_counter()
@@ -154,12 +169,13 @@ def command_demo_loop(args) -> int:
             "reward": result.metrics.get("ppo/reward"),
             "kl": result.metrics.get("ppo/kl"),
             **head_to_head(judge, _repeat(eval_prompts, args.eval_answers), new_answers, first_answers),
+            "judge_score": mean_score(score, new_answers),
             "seconds": round(time.perf_counter() - started, 1),
         }
         rows.append(row)
         print(f"round {result.round_id}: rm accuracy {row['rm_accuracy']}, reward {row['reward']}, "
               f"kl {row['kl']}, win rate vs first {row['win_rate']:.1%} ({row['wins']} wins, {row['losses']} losses, "
-              f"{row['ties']} ties), {row['seconds']} s", flush=True)
+              f"{row['ties']} ties){_score_text(row['judge_score'], first_score)}, {row['seconds']} s", flush=True)
     store.close()
-    print(json.dumps({"rounds": rows}))
+    print(json.dumps({"first_judge_score": first_score, "rounds": rows}))
     return 0 if len(rows) == args.rounds else EXIT_REFUSED

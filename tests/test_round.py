@@ -163,9 +163,12 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     result = json.loads(out.strip().splitlines()[-1])
     assert [row["round"] for row in result["rounds"]] == [1, 2]
     for row in result["rounds"]:
-        assert set(row) == {"round", "rm_accuracy", "reward", "kl", "win_rate", "wins", "losses", "ties", "seconds"}
+        assert set(row) == {"round", "rm_accuracy", "reward", "kl", "win_rate", "wins", "losses", "ties",
+                            "judge_score", "seconds"}
         assert row["wins"] + row["losses"] + row["ties"] == 8  # one verdict per evaluation answer (4 prompts x 2)
         assert row["win_rate"] == (row["wins"] + 0.5 * row["ties"]) / 8
+        assert row["judge_score"] > 0  # `longer` scores an answer by its words: the mean word count of 8 answers
+    assert result["first_judge_score"] > 0
     store = Store(db)
     assert [p.round for p in store.policies()] == [0, 1, 2]
     assert len(store.votes(annotator="sim:longer")) == 16
@@ -187,6 +190,20 @@ def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
     # new on side a for rows 0, 2, 4 and on side b for 1, 3: wins at 0, 1, 4; tie at 2; loss at 3
     result = head_to_head(longer, prompts, new, first)
     assert result == {"win_rate": (3 + 0.5) / 5, "wins": 3, "losses": 1, "ties": 1}
+
+
+def test_mean_score_averages_the_rules_score_and_is_none_for_a_verdict_only_annotator():
+    from annotate.simulate import resolve_score
+    from rlhf.round_cli import mean_score
+
+    answers = ["Thank you, I hope this helps", "plain words here", "please"]
+    # courtesy shares: thank + hope of 6 words = 1/3, 0 of 3, 1 of 1 -> mean (1/3 + 0 + 1) / 3 = 4/9
+    assert mean_score(resolve_score("courteous"), answers) == pytest.approx(4 / 9)
+    assert mean_score(resolve_score("longer"), answers) == pytest.approx((6 + 3 + 1) / 3)
+    assert mean_score(resolve_score("contains:plain"), answers) == pytest.approx(1 / 3)
+    assert resolve_score("my_rules:warmth") is None
+    assert mean_score(None, answers) is None
+    assert mean_score(resolve_score("courteous"), []) is None
 
 
 def test_demo_loop_refuses_zero_evaluation_answers_before_touching_the_database(tmp_path, capsys):
