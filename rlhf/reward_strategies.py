@@ -352,6 +352,15 @@ def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, 
     return weight, heads, metrics
 
 
+def saved_strategy(path: str | Path) -> str | None:
+    """The strategy that trained the reward model folder at `path` ("head", "ensemble", "full"); None when the folder
+    was not written by TrainedPreferenceModel.save (a reward model trained by `--train-reward`, say)."""
+    strategy_file = Path(path) / STRATEGY_FILE
+    if not strategy_file.is_file():
+        return None
+    return json.loads(strategy_file.read_text(encoding="utf-8")).get("strategy")
+
+
 def scores_last_token(path: str | Path | None) -> bool:
     """Whether `path` is a reward model folder scoring the last token of the final output (what "full" trains:
     a head strategy's mean@L folder is no starting point for it)."""

@@ -346,6 +346,18 @@ def _check_accuracy(metrics: dict, plan: RoundPlan, config: LoopConfig, record, 
         )
 
 
+def ppo_settings(config: LoopConfig, reward_path: str):
+    """config.ppo, with normalised rewards and GAE lambda 1 when round.adapt_ppo_to_head asks for them and the reward
+    model is a head or ensemble (RoundConfig.adapt_ppo_to_head says why)."""
+    from dataclasses import replace
+
+    from rlhf.reward_strategies import saved_strategy
+
+    if not config.round.adapt_ppo_to_head or saved_strategy(reward_path) not in ("head", "ensemble"):
+        return config.ppo
+    return replace(config.ppo, normalize_rewards=True, lam=1.0)
+
+
 def _ppo_stage(plan: RoundPlan, reward_path: str, config: LoopConfig, record, log: Log, store) -> int | None:
     """Steps 4-5: PPO from the last policy against the first, then save and record the new policy."""
     from accelerate.state import PartialState
@@ -353,7 +365,10 @@ def _ppo_stage(plan: RoundPlan, reward_path: str, config: LoopConfig, record, lo
     from rlhf.ppo_train import train_ppo
 
     record({"round/stage": "ppo"})
-    log(f"Round {plan.round_id}: PPO on {len(plan.ppo_prompts)} prompts from policy {plan.actor_policy_id}.")
+    ppo_config = ppo_settings(config, reward_path)
+    adapted = " (head reward model: scores normalised, GAE lambda 1)" if ppo_config is not config.ppo else ""
+    log(f"Round {plan.round_id}: PPO on {len(plan.ppo_prompts)} prompts from policy {plan.actor_policy_id}{adapted}.")
+    record({"round/normalize_rewards": ppo_config.normalize_rewards, "round/ppo_lam": ppo_config.lam})
     history: list[dict] = []
 
     def on_step(step_metrics: dict) -> None:
@@ -361,7 +376,7 @@ def _ppo_stage(plan: RoundPlan, reward_path: str, config: LoopConfig, record, lo
         record({"history": history})
 
     staging = Path(plan.out_dir) / ".policy-staging"
-    result = train_ppo(plan.actor_path, reward_path, plan.ppo_prompts, config.ppo, staging,
+    result = train_ppo(plan.actor_path, reward_path, plan.ppo_prompts, ppo_config, staging,
                        reference_path=plan.reference_path, critic_path=reward_path, on_step=on_step)
     policy_id = None
     if PartialState().is_main_process:

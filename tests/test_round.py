@@ -63,10 +63,32 @@ def test_two_rounds_record_two_policies_their_metrics_and_fresh_pairs(tmp_path, 
         for key in ("rm/heldout_accuracy", "ppo/kl", "ppo/reward", "round/pairs_generated", "history"):
             assert key in round_.metrics
     assert rounds[1].metrics["round/reward_model_path"] != rounds[0].metrics["round/reward_model_path"]
+    assert rounds[0].metrics["round/rm_strategy"] == "head"
+    assert rounds[0].metrics["round/normalize_rewards"] is True  # round.adapt_ppo_to_head, on by default
+    assert rounds[0].metrics["round/ppo_lam"] == 1.0
     new_pairs = [store.pair(pid) for pid in range(1, store.count_pairs() + 1)]
     made_by = {store.generation(pair.gen_a).policy_id for pair in new_pairs}
     assert {first.policy_id, second.policy_id} <= made_by  # each round queued pairs from its new policy
     assert any(pair.kind == "versus" for pair in new_pairs)
+
+
+@pytest.mark.parametrize("strategy, knob, adapted", [
+    ("head", True, True), ("ensemble", True, True), ("full", True, False), (None, True, False), ("head", False, False),
+])
+def test_ppo_on_a_head_reward_model_normalises_scores_and_takes_lambda_one_unless_turned_off(tmp_path, strategy,
+                                                                                            knob, adapted):
+    import json
+
+    from rlhf.reward_strategies import STRATEGY_FILE
+    from rlhf.round import ppo_settings
+
+    if strategy is not None:  # None: a folder from --train-reward, without the strategy file
+        (tmp_path / STRATEGY_FILE).write_text(json.dumps({"strategy": strategy}))
+    config = load_config(None, [f"round.adapt_ppo_to_head={str(knob).lower()}", "ppo.lam=0.9"])
+    settings = ppo_settings(config, str(tmp_path))
+    assert (settings.normalize_rewards, settings.lam) == ((True, 1.0) if adapted else (False, 0.9))
+    assert settings.kl_ctl == config.ppo.kl_ctl and settings.actor_lr == config.ppo.actor_lr  # nothing else changes
+    assert (config.ppo.normalize_rewards, config.ppo.lam) == (False, 0.9)  # the loaded configuration is left as it was
 
 
 def test_two_databases_sharing_a_checkpoints_dir_keep_their_own_round_folders(tmp_path, tiny_model_dir):
