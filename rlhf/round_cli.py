@@ -129,10 +129,12 @@ def command_demo_loop(args) -> int:
         print(f"error: --eval-prompts and --eval-answers must be at least 1 (got {args.eval_prompts} and "
               f"{args.eval_answers}): the win rate needs answers to judge", file=sys.stderr)
         return 2
-    voter = noisy(judge, args.noise, random.Random(args.seed + 7)) if args.noise else judge
     name = args.annotator_name or f"sim:{args.annotator}"
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
     store = Store(args.db)
+    # Seeds go on from the database's rounds: a second invocation on the same database draws new flips and pairs
+    rounds_before = len(store.rounds())
+    voter = noisy(judge, args.noise, random.Random(args.seed + 7 + rounds_before)) if args.noise else judge
     if store.count_prompts() == 0:
         store.import_prompts(Path("data/prompts.jsonl"))
     first = ensure_base_policy(store, args.model)
@@ -154,8 +156,8 @@ def command_demo_loop(args) -> int:
             latest = store.latest_policy()
             _log(f"Generating {args.votes - waiting} pairs from policy {latest.id} to vote on.")
             make_pairs(store, latest.path, None, args.votes - waiting, latest.id, sampling=config.sampling,
-                       seed=args.seed + round_number, show_bar=True)
-        voted = simulate_votes(store, voter, name, args.votes, seed=args.seed + round_number)
+                       seed=args.seed + rounds_before + round_number, show_bar=True)
+        voted = simulate_votes(store, voter, name, args.votes, seed=args.seed + rounds_before + round_number)
         _log(f"Demo round {round_number} of {args.rounds}: {name} cast {voted.votes} votes.")
         try:
             result = run_round(args.db, args.model, config, log=_log, exclude_prompts=set(eval_prompts))

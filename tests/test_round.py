@@ -173,9 +173,19 @@ def test_one_small_round_of_the_default_model_completes(tmp_path):
     assert result.metrics["round/pairs_generated"] >= 1
 
 
-def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_model_dir, capsys):
+def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_model_dir, capsys, monkeypatch):
     import json
 
+    import annotate.simulate
+
+    vote_seeds = []
+    simulate = annotate.simulate.simulate_votes
+
+    def recording_simulate_votes(*args, seed=0, **kwargs):
+        vote_seeds.append(seed)
+        return simulate(*args, seed=seed, **kwargs)
+
+    monkeypatch.setattr(annotate.simulate, "simulate_votes", recording_simulate_votes)
     db = tmp_path / "demo.db"
     settings = [arg for setting in tiny_settings(tmp_path) + ["votes.oversample=2"] for arg in ("--set", setting)]
     code = app.main(["--demo-loop", "--rounds", "2", "--annotator", "longer", "--votes", "8", "--eval-prompts", "4",
@@ -200,6 +210,7 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
                      "--db", str(db), "--model", str(tiny_model_dir), *settings])
     assert code == 0
     assert [row["round"] for row in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rounds"]] == [3]
+    assert vote_seeds == [1, 2, 3]  # --seed 0 plus the database's rounds: the second run does not repeat the first
 
 
 def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
