@@ -210,7 +210,8 @@ def make_pairs(
 
 def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, policy_id: int, chooser: PairChooser,
                       per_prompt: int = 4, prompts_per_pair: float = 1.5, sampling: AnswerSampling | None = None,
-                      seed: int | None = None, show_bar: bool = False) -> PairsReport:
+                      seed: int | None = None, progress: PairsProgress | None = None,
+                      show_bar: bool = False) -> PairsReport:
     """Over-sample `per_prompt` answers for ceil(n_pairs * prompts_per_pair) least-used prompts; store as `sample`
     pairs the ones `chooser` picks (the reward model's most uncertain, plus a random share).
 
@@ -226,8 +227,9 @@ def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, polic
     if not prompts:
         return report
     model, tokenizer = _model_and_tokenizer(model_path_or_model, tokenizer)
+    answered = None if progress is None else (lambda done, total: progress(done // per_prompt, len(prompts)))
     result = generate_answers(model, tokenizer, [p.text for p in prompts], n_per_prompt=per_prompt,
-                              sampling=sampling, show_bar=show_bar)
+                              sampling=sampling, progress=answered, show_bar=show_bar)
     _merge_stats(report.stats, result.stats)
     texts = [[answer.text for answer in answers] for answers in result.answers]
     picked, n_uncertain = chooser([p.text for p in prompts], texts, n_pairs, rng.randrange(2**31))
@@ -287,7 +289,9 @@ def _versus_pairs(model, versus_model, tokenizer, prompts: list[Prompt], policy_
 def command_generate_pairs(args) -> int:
     """`python app.py --generate-pairs N [--versus-share F]`: N pairs from the current policy (the base model, then
     recorded as round 0, when the store has no policy yet)."""
+    from annotate.active_pairs import load_pair_judge, pair_judge_path, queue_pairs
     from annotate.store import Store
+    from rlhf.config import ConfigError, load_config
     from rlhf.models import ModelNotFoundError
 
     def fail(message: str) -> int:
@@ -303,6 +307,10 @@ def command_generate_pairs(args) -> int:
     versus_share = getattr(args, "versus_share", 0.0) or 0.0
     if not 0.0 <= versus_share <= 1.0:
         return fail(f"--versus-share must lie between 0 and 1 (the share of versus pairs), not {versus_share}.")
+    try:
+        votes = load_config(getattr(args, "config", None), getattr(args, "set", None) or []).votes
+    except ConfigError as error:
+        return fail(str(error))
     sampling = AnswerSampling()
     if getattr(args, "max_new_tokens", None):
         sampling = replace(sampling, max_new_tokens=args.max_new_tokens)
@@ -317,9 +325,13 @@ def command_generate_pairs(args) -> int:
         print(f"Generating {n_pairs} pairs from policy {policy.id} (round {policy.round}, {policy.path}), "
               f"{versus_share:.0%} versus pairs, up to {sampling.max_new_tokens} tokens an answer at temperature "
               f"{sampling.temperature}.", file=sys.stderr)
+        judge_path = pair_judge_path(store) if votes.oversample > 2 else None
+        if judge_path is not None:
+            print(f"Sample pairs: the {votes.oversample} answers a prompt that the reward model at {judge_path} is "
+                  f"least sure about ({votes.random_share:.0%} at random).", file=sys.stderr)
         try:
-            report = make_pairs(store, policy.path, None, n_pairs, policy.id, versus_share=versus_share,
-                                sampling=sampling, show_bar=True)
+            report = queue_pairs(store, policy.path, None, n_pairs, policy.id, votes, judge=load_pair_judge(judge_path),
+                                 versus_share=versus_share, sampling=sampling, show_bar=True)
         except ModelNotFoundError as error:
             return fail(str(error))
         stats = report.stats

@@ -116,11 +116,13 @@ def round_command(db: str, model: str) -> list[str] | None:
 
 
 class ModelPairGenerator:
-    """The real generator: the current policy writes pairs through annotate.pairs.make_pairs.
+    """The real generator: the current policy writes pairs through annotate.active_pairs.queue_pairs, so after the
+    first round the sample pairs are the ones the last reward model's heads are least sure about, as in the round.
 
     Models are loaded on first use (the page is up before torch is even imported) and kept: the current policy and,
-    for versus pairs, the earlier one it is compared with. After a round records a newer policy, the next batch
-    loads it and drops models no longer needed. One batch at a time (GenerationJob); the lock guards direct callers.
+    for versus pairs, the earlier one it is compared with, and the last round's reward model. After a round records
+    a newer policy, the next batch loads it and drops models no longer needed. One batch at a time (GenerationJob);
+    the lock guards direct callers. `[votes]` settings come from rlhf-loop.toml as the round started here reads it.
     """
 
     def __init__(self, store: Store, model_name: str):
@@ -128,6 +130,18 @@ class ModelPairGenerator:
         self.model_name = model_name
         self._lock = threading.Lock()
         self._loaded: dict[int, tuple] = {}  # policy id -> (model, tokenizer)
+        self._judge: tuple[str | None, object] = (None, None)  # (reward model path, its TrainedPreferenceModel)
+
+    def _pair_judge(self):
+        """The last finished round's reward model, loaded once per round; None before the first round."""
+        from annotate.active_pairs import load_pair_judge, pair_judge_path
+
+        path = pair_judge_path(self.store)
+        if path != self._judge[0]:
+            if path is not None:
+                print(f"Choosing sample pairs with the reward model at {path} ...", file=sys.stderr)
+            self._judge = (path, load_pair_judge(path))
+        return self._judge[1]
 
     def _load(self, policies: list) -> None:
         from annotate.pairs import load_policy_model
@@ -141,16 +155,19 @@ class ModelPairGenerator:
                 self._loaded[policy.id] = load_policy_model(policy.path)
 
     def generate(self, n_pairs: int, versus_share: float, progress: Callable[[int, int], None]) -> int:
-        from annotate.pairs import earlier_policy, ensure_base_policy, make_pairs
+        from annotate.active_pairs import queue_pairs
+        from annotate.pairs import earlier_policy, ensure_base_policy
+        from rlhf.config import load_config
 
         with self._lock:
+            votes = load_config().votes
             policy = ensure_base_policy(self.store, self.model_name)
             opponent = earlier_policy(self.store, policy) if versus_share > 0 else None
             self._load([policy] + ([opponent] if opponent else []))
             model, tokenizer = self._loaded[policy.id]
-            report = make_pairs(
-                self.store, model, tokenizer, n_pairs, policy.id, versus_share=versus_share if opponent else 0.0,
-                versus_policy_id=opponent.id if opponent else None,
+            report = queue_pairs(
+                self.store, model, tokenizer, n_pairs, policy.id, votes, judge=self._pair_judge(),
+                versus_share=versus_share if opponent else 0.0, versus_policy_id=opponent.id if opponent else None,
                 versus_model=self._loaded[opponent.id][0] if opponent else None, progress=progress,
             )
             return report.written

@@ -392,43 +392,27 @@ def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: LoopConf
                  pair_maker: Callable | None, reward_path: str | None = None, record=None) -> int:
     """Step 6: the next batch of pairs from the new policy: a share against an earlier policy, the sample pairs
     chosen where the reward model's bootstrap heads disagree most (over-sampled answers), plus a random share."""
-    from annotate.pairs import load_policy_model, make_active_pairs, make_pairs
+    from annotate.active_pairs import load_pair_judge, queue_pairs
+    from annotate.pairs import load_policy_model
     from rlhf.reward_strategies import HEADS_FILE
 
     earlier = plan.actor_policy_id
     n_pairs = config.round.next_pairs
     log(f"Round {plan.round_id}: generating {n_pairs} pairs from policy {policy_id} "
         f"({config.round.versus_share:.0%} against policy {earlier}).")
-    active = (pair_maker is None and config.votes.oversample > 2 and reward_path is not None
-              and (Path(reward_path) / HEADS_FILE).is_file())
-    common = dict(sampling=config.sampling, seed=config.round.seed + plan.round_id, show_bar=True)
-    if not active:
-        report = (pair_maker or make_pairs)(store, store.policy(policy_id).path, None, n_pairs, policy_id,
-                                            versus_share=config.round.versus_share, versus_policy_id=earlier, **common)
-        return report.written
-    from rlhf.active import choose_pairs
-    from rlhf.reward_strategies import TrainedPreferenceModel
-
+    common = dict(versus_share=config.round.versus_share, versus_policy_id=earlier, sampling=config.sampling,
+                  seed=config.round.seed + plan.round_id, show_bar=True)
+    if pair_maker is not None:
+        return pair_maker(store, store.policy(policy_id).path, None, n_pairs, policy_id, **common).written
+    has_heads = reward_path is not None and (Path(reward_path) / HEADS_FILE).is_file()
+    judge = load_pair_judge(reward_path) if has_heads and config.votes.oversample > 2 else None
     model, tokenizer = load_policy_model(store.policy(policy_id).path)
-    n_versus = round(n_pairs * config.round.versus_share)
-    written = 0
-    if n_versus:
-        written += make_pairs(store, model, tokenizer, n_versus, policy_id, versus_share=1.0,
-                              versus_policy_id=earlier, **common).written
-    judge = TrainedPreferenceModel.load(reward_path)
-
-    def chooser(prompts, answers, n, seed):
-        candidates, selection = choose_pairs(judge, prompts, answers, n, config.votes.random_share, seed)
-        picked = [(candidates[i].prompt_index, candidates[i].a, candidates[i].b) for i in selection.all]
-        return picked, len(selection.uncertain)
-
-    report = make_active_pairs(store, model, tokenizer, n_pairs - n_versus, policy_id, chooser,
-                               per_prompt=config.votes.oversample, prompts_per_pair=config.votes.prompts_per_pair,
-                               **common)
-    share = report.stats.get("active/uncertain", 0.0) / max(report.written, 1)
-    if record is not None:
-        record({"round/active_share": min(share, 1.0), "round/active_candidates_answers": report.stats.get(
-            "gen/answers", 0.0)})
-    log(f"Round {plan.round_id}: {report.written} sample pairs, {min(share, 1.0):.0%} chosen for the reward "
-        f"model's disagreement from {config.votes.oversample} answers a prompt.")
-    return written + report.written
+    report = queue_pairs(store, model, tokenizer, n_pairs, policy_id, config.votes, judge=judge, **common)
+    if judge is not None:
+        share = min(report.stats.get("active/uncertain", 0.0) / max(report.sample, 1), 1.0)
+        if record is not None:
+            record({"round/active_share": share,
+                    "round/active_candidates_answers": report.stats.get("active/candidate_answers", 0.0)})
+        log(f"Round {plan.round_id}: {report.sample} sample pairs, {share:.0%} chosen for the reward model's "
+            f"disagreement from {config.votes.oversample} answers a prompt.")
+    return report.written

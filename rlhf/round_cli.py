@@ -115,7 +115,8 @@ def _repeat(prompts: list[str], times: int) -> list[str]:
 
 def command_demo_loop(args) -> int:
     """simulate -> round, R times, on the shipped prompts; the judge's win rate of each policy against the first."""
-    from annotate.pairs import ensure_base_policy, make_pairs
+    from annotate.active_pairs import load_pair_judge, pair_judge_path, queue_pairs
+    from annotate.pairs import ensure_base_policy
     from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, resolve_score, simulate_votes
     from annotate.store import Store
 
@@ -152,11 +153,14 @@ def command_demo_loop(args) -> int:
     for round_number in range(1, args.rounds + 1):
         started = time.perf_counter()
         waiting = store.pairs_waiting()
-        if waiting < args.votes:
+        if waiting < args.votes:  # as the app's "generate now": chosen by the last reward model once there is one
             latest = store.latest_policy()
-            _log(f"Generating {args.votes - waiting} pairs from policy {latest.id} to vote on.")
-            make_pairs(store, latest.path, None, args.votes - waiting, latest.id, sampling=config.sampling,
-                       seed=args.seed + rounds_before + round_number, show_bar=True)
+            judge_path = pair_judge_path(store) if config.votes.oversample > 2 else None
+            _log(f"Generating {args.votes - waiting} pairs from policy {latest.id} to vote on"
+                 f"{', chosen by the reward model at ' + judge_path if judge_path else ''}.")
+            queue_pairs(store, latest.path, None, args.votes - waiting, latest.id, config.votes,
+                        judge=load_pair_judge(judge_path), sampling=config.sampling,
+                        seed=args.seed + rounds_before + round_number, show_bar=True)
         voted = simulate_votes(store, voter, name, args.votes, seed=args.seed + rounds_before + round_number)
         _log(f"Demo round {round_number} of {args.rounds}: {name} cast {voted.votes} votes.")
         try:

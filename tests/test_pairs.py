@@ -149,10 +149,35 @@ def test_generate_pairs_command_uses_the_base_model_on_a_fresh_database(tmp_path
     ("zero", {}, "N must be a positive whole number"),
     ("0", {}, "N must be a positive whole number"),
     ("2", {"versus_share": 1.5}, "--versus-share must lie between 0 and 1"),
+    ("2", {"set": ["votes.oversample=many"]}, "votes.oversample"),
 ])
 def test_generate_pairs_command_refuses_bad_numbers(tmp_path, tiny_model_dir, capsys, n, extra, message):
     assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, n, **extra)) == 2
     assert message in capsys.readouterr().err
+
+
+def test_generate_pairs_command_chooses_sample_pairs_with_the_last_rounds_reward_model(tmp_path, tiny_model_dir,
+                                                                                       capsys):
+    from rlhf.reward_data import PreferencePair
+    from rlhf.reward_strategies import StrategyConfig, train_strategy
+
+    pairs = [PreferencePair(f"Tell me about tea #{i}.", "Thank you, happy to help: it is lovely.", f"Tea {i}.")
+             for i in range(12)]
+    path = train_strategy("head", pairs, str(tiny_model_dir), StrategyConfig(n_heads=4, cv_folds=3)).save(
+        tmp_path / "reward")
+    with Store(tmp_path / "loop.db") as store:
+        store.add_prompts([f"Question {i}?" for i in range(6)])
+        store.finish_round(store.start_round(), {"round/reward_model_path": str(path)})
+    assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, 2)) == 0
+    captured = capsys.readouterr()
+    assert "least sure about" in captured.err and str(path) in captured.err
+    assert "2 pairs written" in captured.out
+    with Store(tmp_path / "loop.db") as store:
+        assert store.count_pairs() == 2
+    # votes.oversample=2 turns the choice off
+    assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, 2,
+                                                set=["votes.oversample=2"])) == 0
+    assert "least sure about" not in capsys.readouterr().err
 
 
 def test_generate_pairs_command_without_prompts_says_how_to_import_them(tmp_path, tiny_model_dir, capsys):

@@ -1,0 +1,111 @@
+"""The one path that queues pairs for votes: random before a reward model exists, chosen by its heads after."""
+
+import torch
+
+from annotate.active_pairs import pair_judge_path, queue_pairs
+from annotate.pairs import ensure_base_policy
+from annotate.store import Store
+from rlhf.generate import AnswerSampling
+from rlhf.reward_strategies import HEADS_FILE, VotesConfig
+
+SAMPLING = AnswerSampling(max_new_tokens=6, seed=0)
+
+
+class LengthDoubt:
+    """A stand-in judge: unsure about answers of similar length (disagreement 1 / (1 + length difference))."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def disagreement(self, prompts, answers_a, answers_b):
+        self.calls += 1
+        return torch.tensor([1.0 / (1 + abs(len(a) - len(b))) for a, b in zip(answers_a, answers_b)])
+
+
+def store_with_two_policies(tiny_model_dir, n_prompts=12):
+    store = Store(":memory:")
+    store.add_prompts([f"Question number {i}?" for i in range(n_prompts)], source="test")
+    base = ensure_base_policy(store, str(tiny_model_dir))
+    newer = store.policy(store.add_policy(1, str(tiny_model_dir), parent_id=base.id))
+    return store, base, newer
+
+
+def test_without_a_judge_pairs_are_two_random_answers_a_prompt(tiny_model_dir):
+    store, _base, newer = store_with_two_policies(tiny_model_dir)
+    report = queue_pairs(store, str(tiny_model_dir), None, 4, newer.id, VotesConfig(), judge=None, sampling=SAMPLING,
+                         seed=0)
+    assert report.written == store.count_pairs() == 4
+    assert "active/uncertain" not in report.stats
+    assert report.stats["gen/answers"] == 8  # two answers a pair, nothing over-sampled
+
+
+def test_with_a_judge_sample_pairs_come_from_over_sampled_answers_and_versus_pairs_stay(tiny_model_dir):
+    store, base, newer = store_with_two_policies(tiny_model_dir)
+    judge = LengthDoubt()
+    calls = []
+    votes = VotesConfig(oversample=4, prompts_per_pair=1.5, random_share=0.0)
+    report = queue_pairs(store, str(tiny_model_dir), None, 4, newer.id, votes, judge=judge, versus_share=0.5,
+                         versus_policy_id=base.id, sampling=SAMPLING, seed=0,
+                         progress=lambda done, total: calls.append((done, total)))
+    pairs = [store.pair(pair_id) for pair_id in range(1, store.count_pairs() + 1)]
+    assert [p.kind for p in pairs].count("versus") == report.versus == 2  # round(4 * 0.5)
+    assert report.sample == 2 and report.written == 4
+    assert judge.calls == 1
+    # the sample pairs: 3 prompts (ceil(2 * 1.5)) x 4 answers over-sampled, both chosen for disagreement
+    assert report.stats["active/candidate_answers"] == 12
+    assert report.stats["active/uncertain"] == 2
+    assert report.stats["gen/answers"] == 12 + 2 * 2  # plus both policies' answers to the 2 versus prompts
+    assert {total for _done, total in calls} == {4}
+    assert [done for done, _total in calls] == sorted(done for done, _total in calls) and calls[-1] == (4, 4)
+
+
+def test_oversample_two_turns_the_choice_off_even_with_a_judge(tiny_model_dir):
+    store, _base, newer = store_with_two_policies(tiny_model_dir)
+    judge = LengthDoubt()
+    report = queue_pairs(store, str(tiny_model_dir), None, 3, newer.id, VotesConfig(oversample=2), judge=judge,
+                         sampling=SAMPLING, seed=0)
+    assert judge.calls == 0 and report.written == 3 and "active/uncertain" not in report.stats
+
+
+def test_the_pair_judge_is_the_last_finished_rounds_reward_model_with_heads(tmp_path):
+    store = Store(":memory:")
+    assert pair_judge_path(store) is None  # before any round
+    with_heads, without = tmp_path / "round-1" / "reward", tmp_path / "round-2" / "reward"
+    with_heads.mkdir(parents=True)
+    without.mkdir(parents=True)
+    (with_heads / HEADS_FILE).write_bytes(b"")
+    first = store.start_round()
+    store.finish_round(first, {"round/reward_model_path": str(with_heads)})
+    assert pair_judge_path(store) == str(with_heads)
+    second = store.start_round()
+    store.update_round_metrics(second, {"round/reward_model_path": str(without)})
+    assert pair_judge_path(store) == str(with_heads)  # a running round's model is not finished yet
+    store.finish_round(second, {"round/reward_model_path": str(without)})
+    assert pair_judge_path(store) is None  # the latest finished model has no heads (e.g. trained elsewhere)
+
+
+def test_the_apps_generator_chooses_sample_pairs_with_the_last_rounds_reward_model(tiny_model_dir, tmp_path,
+                                                                                   monkeypatch):
+    from annotate.serve import ModelPairGenerator
+    from rlhf.reward_data import PreferencePair
+    from rlhf.reward_strategies import StrategyConfig, TrainedPreferenceModel, train_strategy
+
+    store, _base, _newer = store_with_two_policies(tiny_model_dir)
+    generator = ModelPairGenerator(store, str(tiny_model_dir))
+    pairs = [PreferencePair(f"Tell me about tea #{i}.", "Thank you, happy to help: it is lovely.", f"Tea {i}.")
+             for i in range(12)]
+    model = train_strategy("head", pairs, str(tiny_model_dir), StrategyConfig(n_heads=4, cv_folds=3))
+    path = model.save(tmp_path / "reward")
+    asked = []
+    disagreement = TrainedPreferenceModel.disagreement
+    monkeypatch.setattr(TrainedPreferenceModel, "disagreement",
+                        lambda self, prompts, a, b: asked.append(len(prompts)) or disagreement(self, prompts, a, b))
+    monkeypatch.setattr("annotate.pairs.AnswerSampling", lambda: SAMPLING)  # short answers: seconds, not minutes
+
+    assert generator.generate(2, 0.0, lambda done, total: None) == 2
+    assert asked == []  # no finished round yet: random pairs
+    round_id = store.start_round()
+    store.finish_round(round_id, {"round/reward_model_path": str(path)})
+    assert generator.generate(2, 0.0, lambda done, total: None) == 2
+    assert asked == [3 * 6]  # ceil(2 * 1.5) prompts x 6 candidate pairs of 4 answers, ranked by the heads
+    assert store.count_pairs() == 4
