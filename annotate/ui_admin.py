@@ -159,6 +159,9 @@ def build_admin_tab(handlers: AdminHandlers, session: gr.State, config: AppConfi
         import_button = gr.Button("Import prompts")
         import_message = gr.Markdown()
     with gr.Accordion("Pairs", open=True):
+        gr.Markdown("Once a round has trained a reward model, the sample pairs are the ones it is least sure about "
+                    "(four answers a prompt, the pair its heads disagree on most; a quarter at random), so each vote "
+                    "teaches it the most.")
         with gr.Row():
             n_pairs = gr.Number(32, precision=0, minimum=1, maximum=MAX_PAIRS_PER_REQUEST, label="Pairs to generate")
             versus_share = gr.Slider(0.0, 1.0, value=config.versus_share, step=0.05,
