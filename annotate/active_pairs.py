@@ -17,16 +17,22 @@ from rlhf.generate import AnswerSampling
 from rlhf.reward_strategies import HEADS_FILE, VotesConfig
 
 
+def has_heads(path: str | None) -> bool:
+    """Whether `path` is a reward model folder with bootstrap heads (what ranks candidate pairs)."""
+    return path is not None and (Path(path) / HEADS_FILE).is_file()
+
+
 def pair_judge_path(store) -> str | None:
     """The last finished round's reward model folder when it holds bootstrap heads; None before any round."""
     last = store.last_done_round()
     path = last.metrics.get("round/reward_model_path") if last is not None else None
-    return path if path and (Path(path) / HEADS_FILE).is_file() else None
+    return path if has_heads(path) else None
 
 
-def load_pair_judge(path: str | None):
-    """The TrainedPreferenceModel at `path` (its heads' disagreement ranks candidate pairs); None for None."""
-    if path is None:
+def load_pair_judge(path: str | None, votes: VotesConfig):
+    """The TrainedPreferenceModel at `path`, whose heads' disagreement ranks candidate pairs; None when there is no
+    such model there or when votes.oversample <= 2 turns the choice off."""
+    if votes.oversample <= 2 or not has_heads(path):
         return None
     from rlhf.reward_strategies import TrainedPreferenceModel
 

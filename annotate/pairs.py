@@ -325,12 +325,13 @@ def command_generate_pairs(args) -> int:
         print(f"Generating {n_pairs} pairs from policy {policy.id} (round {policy.round}, {policy.path}), "
               f"{versus_share:.0%} versus pairs, up to {sampling.max_new_tokens} tokens an answer at temperature "
               f"{sampling.temperature}.", file=sys.stderr)
-        judge_path = pair_judge_path(store) if votes.oversample > 2 else None
-        if judge_path is not None:
+        judge_path = pair_judge_path(store)
+        judge = load_pair_judge(judge_path, votes)
+        if judge is not None:
             print(f"Sample pairs: the {votes.oversample} answers a prompt that the reward model at {judge_path} is "
                   f"least sure about ({votes.random_share:.0%} at random).", file=sys.stderr)
         try:
-            report = queue_pairs(store, policy.path, None, n_pairs, policy.id, votes, judge=load_pair_judge(judge_path),
+            report = queue_pairs(store, policy.path, None, n_pairs, policy.id, votes, judge=judge,
                                  versus_share=versus_share, sampling=sampling, show_bar=True)
         except ModelNotFoundError as error:
             return fail(str(error))

@@ -132,15 +132,16 @@ class ModelPairGenerator:
         self._loaded: dict[int, tuple] = {}  # policy id -> (model, tokenizer)
         self._judge: tuple[str | None, object] = (None, None)  # (reward model path, its TrainedPreferenceModel)
 
-    def _pair_judge(self):
-        """The last finished round's reward model, loaded once per round; None before the first round."""
+    def _pair_judge(self, votes):
+        """The last finished round's reward model, loaded once per round; None before the first round (or when
+        votes.oversample <= 2 turns the choice off)."""
         from annotate.active_pairs import load_pair_judge, pair_judge_path
 
-        path = pair_judge_path(self.store)
+        path = pair_judge_path(self.store) if votes.oversample > 2 else None
         if path != self._judge[0]:
             if path is not None:
                 print(f"Choosing sample pairs with the reward model at {path} ...", file=sys.stderr)
-            self._judge = (path, load_pair_judge(path))
+            self._judge = (path, load_pair_judge(path, votes))
         return self._judge[1]
 
     def _load(self, policies: list) -> None:
@@ -166,7 +167,7 @@ class ModelPairGenerator:
             self._load([policy] + ([opponent] if opponent else []))
             model, tokenizer = self._loaded[policy.id]
             report = queue_pairs(
-                self.store, model, tokenizer, n_pairs, policy.id, votes, judge=self._pair_judge(),
+                self.store, model, tokenizer, n_pairs, policy.id, votes, judge=self._pair_judge(votes),
                 versus_share=versus_share if opponent else 0.0, versus_policy_id=opponent.id if opponent else None,
                 versus_model=self._loaded[opponent.id][0] if opponent else None, progress=progress,
             )

@@ -394,7 +394,6 @@ def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: LoopConf
     chosen where the reward model's bootstrap heads disagree most (over-sampled answers), plus a random share."""
     from annotate.active_pairs import load_pair_judge, queue_pairs
     from annotate.pairs import load_policy_model
-    from rlhf.reward_strategies import HEADS_FILE
 
     earlier = plan.actor_policy_id
     n_pairs = config.round.next_pairs
@@ -404,8 +403,7 @@ def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: LoopConf
                   seed=config.round.seed + plan.round_id, show_bar=True)
     if pair_maker is not None:
         return pair_maker(store, store.policy(policy_id).path, None, n_pairs, policy_id, **common).written
-    has_heads = reward_path is not None and (Path(reward_path) / HEADS_FILE).is_file()
-    judge = load_pair_judge(reward_path) if has_heads and config.votes.oversample > 2 else None
+    judge = load_pair_judge(reward_path, config.votes)
     model, tokenizer = load_policy_model(store.policy(policy_id).path)
     report = queue_pairs(store, model, tokenizer, n_pairs, policy_id, config.votes, judge=judge, **common)
     if judge is not None:

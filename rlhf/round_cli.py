@@ -155,12 +155,12 @@ def command_demo_loop(args) -> int:
         waiting = store.pairs_waiting()
         if waiting < args.votes:  # as the app's "generate now": chosen by the last reward model once there is one
             latest = store.latest_policy()
-            judge_path = pair_judge_path(store) if config.votes.oversample > 2 else None
+            judge_path = pair_judge_path(store)
+            pair_judge = load_pair_judge(judge_path, config.votes)  # not the annotator: the reward model
             _log(f"Generating {args.votes - waiting} pairs from policy {latest.id} to vote on"
-                 f"{', chosen by the reward model at ' + judge_path if judge_path else ''}.")
-            queue_pairs(store, latest.path, None, args.votes - waiting, latest.id, config.votes,
-                        judge=load_pair_judge(judge_path), sampling=config.sampling,
-                        seed=args.seed + rounds_before + round_number, show_bar=True)
+                 f"{', chosen by the reward model at ' + judge_path if pair_judge is not None else ''}.")
+            queue_pairs(store, latest.path, None, args.votes - waiting, latest.id, config.votes, judge=pair_judge,
+                        sampling=config.sampling, seed=args.seed + rounds_before + round_number, show_bar=True)
         voted = simulate_votes(store, voter, name, args.votes, seed=args.seed + rounds_before + round_number)
         _log(f"Demo round {round_number} of {args.rounds}: {name} cast {voted.votes} votes.")
         try:

@@ -2,7 +2,7 @@
 
 import torch
 
-from annotate.active_pairs import pair_judge_path, queue_pairs
+from annotate.active_pairs import load_pair_judge, pair_judge_path, queue_pairs
 from annotate.pairs import ensure_base_policy
 from annotate.store import Store
 from rlhf.generate import AnswerSampling
@@ -82,6 +82,8 @@ def test_the_pair_judge_is_the_last_finished_rounds_reward_model_with_heads(tmp_
     assert pair_judge_path(store) == str(with_heads)  # a running round's model is not finished yet
     store.finish_round(second, {"round/reward_model_path": str(without)})
     assert pair_judge_path(store) is None  # the latest finished model has no heads (e.g. trained elsewhere)
+    assert load_pair_judge(str(without), VotesConfig()) is None
+    assert load_pair_judge(str(with_heads), VotesConfig(oversample=2)) is None  # the choice is off: nothing loaded
 
 
 def test_the_apps_generator_chooses_sample_pairs_with_the_last_rounds_reward_model(tiny_model_dir, tmp_path,

@@ -187,13 +187,16 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
 
     monkeypatch.setattr(annotate.simulate, "simulate_votes", recording_simulate_votes)
     db = tmp_path / "demo.db"
-    settings = [arg for setting in tiny_settings(tmp_path) + ["votes.oversample=2"] for arg in ("--set", setting)]
+    settings = [arg for setting in tiny_settings(tmp_path) for arg in ("--set", setting)]
     code = app.main(["--demo-loop", "--rounds", "2", "--annotator", "longer", "--votes", "8", "--eval-prompts", "4",
                      "--eval-answers", "2", "--db", str(db), "--model", str(tiny_model_dir), *settings])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0
     result = json.loads(out.strip().splitlines()[-1])
     assert [row["round"] for row in result["rounds"]] == [1, 2]
+    # round 2's top-up is chosen by round 1's reward model, as the app's generate button would choose it
+    assert "chosen by the reward model at" in captured.err
     for row in result["rounds"]:
         assert set(row) == {"round", "rm_accuracy", "reward", "kl", "win_rate", "wins", "losses", "ties",
                             "judge_score", "seconds"}
