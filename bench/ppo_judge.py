@@ -27,20 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from annotate.importers import read_prompts  # noqa: E402
-from annotate.pairs import load_policy_model  # noqa: E402
 from annotate.simulate import resolve_judge, resolve_score  # noqa: E402
 from rlhf.config import load_config  # noqa: E402
-from rlhf.generate import generate_answers  # noqa: E402
 from rlhf.models import resolve_model_path  # noqa: E402
 from rlhf.ppo_train import train_ppo  # noqa: E402
-from rlhf.round_cli import head_to_head, mean_score  # noqa: E402
-
-
-def sample_answers(policy: str, prompts: list[str], per_prompt: int, sampling) -> list[str]:
-    """`per_prompt` answers to each prompt, prompt by prompt."""
-    model, tokenizer = load_policy_model(policy)
-    generated = generate_answers(model, tokenizer, prompts, n_per_prompt=per_prompt, sampling=sampling)
-    return [answer.text for answers in generated.answers for answer in answers]
+from rlhf.round_cli import head_to_head, mean_score, policy_answers, repeat_each  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,22 +60,22 @@ def main(argv: list[str] | None = None) -> int:
 
     prompts = read_prompts(args.prompts)
     held_out = random.Random(args.seed).sample(prompts, min(args.eval_prompts, len(prompts) - 1))
-    train = [p for p in prompts if p not in set(held_out)]
+    held_out_set = set(held_out)
+    train = [p for p in prompts if p not in held_out_set]
     start = resolve_model_path(args.policy)
     started = time.perf_counter()
-    first = sample_answers(start, held_out, args.eval_answers, sampling)
+    first = policy_answers(start, held_out, sampling, args.eval_answers)
     result = train_ppo(start, args.reward_model, train, ppo, args.out, reference_path=start,
                        critic_path=args.reward_model)
-    new = sample_answers(args.out, held_out, args.eval_answers, sampling)
+    new = policy_answers(args.out, held_out, sampling, args.eval_answers)
     history = result.history
-    repeated = [prompt for prompt in held_out for _ in range(args.eval_answers)]
     windows = [history[i:i + 8] for i in range(0, len(history), 8)]
     row = {
         "annotator": args.annotator, "steps": args.steps, "lam": ppo.lam, "actor_lr": ppo.actor_lr,
         "normalize_rewards": ppo.normalize_rewards, "whiten_advantages": ppo.whiten_advantages,
         "first_score": mean_score(score, first), "score": mean_score(score, new),
         "first_scored": sum(score(a) > 0 for a in first) / len(first), "scored": sum(score(a) > 0 for a in new) / len(new),
-        **head_to_head(judge, repeated, new, first),
+        **head_to_head(judge, repeat_each(held_out, args.eval_answers), new, first),
         "rm_score_by_8_steps": [round(sum(m["ppo/score"] for m in w) / len(w), 4) for w in windows],
         "kl_last_4": sum(m["ppo/kl"] for m in history[-4:]) / len(history[-4:]),
         "seconds": round(time.perf_counter() - started, 1),

@@ -6,6 +6,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rlhf.config import ConfigError, LoopConfig, load_config
@@ -96,20 +97,18 @@ def _score_text(value: float | None, first: float | None) -> str:
     return "" if value is None else f", judge score {value:.4f} (first {first:.4f})"
 
 
-def _answers(policy_path: str, prompts: list[str], config: LoopConfig, seed: int, per_prompt: int) -> list[str]:
-    """`per_prompt` sampled answers to each prompt, prompt by prompt (the order of `_repeat(prompts, per_prompt)`)."""
-    from dataclasses import replace
-
+def policy_answers(policy_path: str, prompts: list[str], sampling, per_prompt: int) -> list[str]:
+    """`per_prompt` sampled answers to each prompt, prompt by prompt (the order of `repeat_each(prompts, per_prompt)`)."""
     from annotate.pairs import load_policy_model
     from rlhf.generate import generate_answers
 
     model, tokenizer = load_policy_model(policy_path)
-    sampling = replace(config.sampling, seed=seed)
     generated = generate_answers(model, tokenizer, prompts, n_per_prompt=per_prompt, sampling=sampling)
     return [answer.text for answers in generated.answers for answer in answers]
 
 
-def _repeat(prompts: list[str], times: int) -> list[str]:
+def repeat_each(prompts: list[str], times: int) -> list[str]:
+    """Each prompt `times` times in a row: the prompts of `policy_answers`' answers."""
     return [prompt for prompt in prompts for _ in range(times)]
 
 
@@ -144,7 +143,8 @@ def command_demo_loop(args) -> int:
     _log(f"Demo loop: {args.rounds} rounds, annotator {args.annotator} (noise {args.noise:.0%}), "
          f"{args.votes} votes a round, win rate judged on {args.eval_answers} answer(s) to each of "
          f"{len(eval_prompts)} prompts kept out of training.")
-    first_answers = _answers(first.path, eval_prompts, config, args.seed, args.eval_answers)
+    eval_sampling = replace(config.sampling, seed=args.seed)
+    first_answers = policy_answers(first.path, eval_prompts, eval_sampling, args.eval_answers)
     score = resolve_score(args.annotator)
     first_score = mean_score(score, first_answers)
     if first_score is not None:
@@ -168,13 +168,14 @@ def command_demo_loop(args) -> int:
         except RoundRefused as error:
             print(f"demo round {round_number} of {args.rounds} refused: {error}", file=sys.stderr)
             break
-        new_answers = _answers(store.policy(result.policy_id).path, eval_prompts, config, args.seed, args.eval_answers)
+        new_answers = policy_answers(store.policy(result.policy_id).path, eval_prompts, eval_sampling,
+                                     args.eval_answers)
         row = {
             "round": result.round_id,  # the database's round: a reused database goes on from its last one
             "rm_accuracy": result.metrics.get("rm/heldout_accuracy"),
             "reward": result.metrics.get("ppo/reward"),
             "kl": result.metrics.get("ppo/kl"),
-            **head_to_head(judge, _repeat(eval_prompts, args.eval_answers), new_answers, first_answers),
+            **head_to_head(judge, repeat_each(eval_prompts, args.eval_answers), new_answers, first_answers),
             "judge_score": mean_score(score, new_answers),
             "seconds": round(time.perf_counter() - started, 1),
         }
