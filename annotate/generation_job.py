@@ -1,4 +1,4 @@
-"""Pair generation in a background thread, so pages stay responsive and annotation starts with the first pairs.
+"""Pair generation in the background, so pages stay responsive and annotation starts with the first pairs.
 
 The app holds one `GenerationJob`; the first start and the admin's "generate now" both go through it, so one batch
 runs at a time and the model is used by one thread only.
@@ -6,11 +6,19 @@ runs at a time and the model is used by one thread only.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
+
+PROGRESS_PREFIX = "pairs-progress"
+"""A line `pairs-progress DONE TOTAL` of the generating child (commands.pairs, --progress-lines)."""
+WRITTEN_PREFIX = "pairs-written"
+"""Its last line, `pairs-written N`: the pairs it stored."""
 
 
 class PairGenerator(Protocol):
@@ -109,3 +117,36 @@ class GenerationJob:
         if job.error:
             return f"Generating pairs failed after {job.done}/{job.total}: {job.error}"
         return f"Generated {job.done} pairs in {job.seconds:.0f} s."
+
+
+class ChildProcessPairGenerator:
+    """Makes pairs in a child process (`python app.py --generate-pairs N --progress-lines ...`), so the web server never
+    loads a model: a crash or a memory spike in generation cannot take the annotators' server down, and votes are
+    answered without waiting for a decoding step. Progress comes from the child's `pairs-progress DONE TOTAL` lines."""
+
+    def __init__(self, command: Callable[[int, float], list[str]], cwd: str | None = None, log_lines: int = 200):
+        self.command = command
+        """command(n_pairs, versus_share) -> the child's argv."""
+        self.cwd = cwd
+        self.log: deque[str] = deque(maxlen=log_lines)
+        """The child's last lines of output (its error, when it fails)."""
+
+    def generate(self, n_pairs: int, versus_share: float, progress: Callable[[int, int], None]) -> int:
+        argv = self.command(n_pairs, versus_share)
+        process = subprocess.Popen(argv, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        written = 0
+        for raw in process.stdout:
+            line = raw.rstrip("\n")
+            words = line.split()
+            if len(words) == 3 and words[0] == PROGRESS_PREFIX:
+                progress(int(words[1]), int(words[2]))
+            elif len(words) == 2 and words[0] == WRITTEN_PREFIX:
+                written = int(words[1])
+            elif line.strip():
+                self.log.append(line)
+        code = process.wait()
+        if code != 0:
+            last = next((line for line in reversed(self.log) if "error" in line.lower() or ": " in line), "")
+            raise RuntimeError(f"pair generation exited with code {code}{': ' + last if last else ''}")
+        return written

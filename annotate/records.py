@@ -56,7 +56,7 @@ class Generation:
 
 
 @dataclass(frozen=True)
-class Answer:
+class NewGeneration:
     """A generated answer not yet stored (input of `Store.add_pairs_bulk`)."""
 
     policy_id: int
@@ -70,8 +70,8 @@ class NewPair:
     """Two answers to one prompt to be stored as generations and a pair (for versus: `a` is the newer policy's)."""
 
     prompt_id: int
-    a: Answer
-    b: Answer
+    a: NewGeneration
+    b: NewGeneration
     kind: str = "sample"
 
 

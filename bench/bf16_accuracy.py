@@ -30,10 +30,10 @@ import torch  # noqa: E402
 
 from rlhf.losses import actor_loss, masked_mean  # noqa: E402
 from rlhf.models import load_tokenizer, resolve_model_path  # noqa: E402
-from rlhf.ppo import PPOConfig  # noqa: E402
-from rlhf.ppo_train import build_ppo_trainer  # noqa: E402
-from rlhf.reward import RewardModel  # noqa: E402
-from rlhf.reward_strategies import parse_feature  # noqa: E402
+from rlhf.ppo.trainer import PPOConfig  # noqa: E402
+from rlhf.ppo.train import build_ppo_trainer  # noqa: E402
+from rlhf.reward.model import RewardModel  # noqa: E402
+from rlhf.reward.strategies import parse_feature  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prompts import PROMPTS  # noqa: E402

@@ -64,7 +64,7 @@ def run_side(label: str, command: list[str], threads: int | None) -> dict:
 def write_reward_data(folder: Path, n_pairs: int, heldout_fraction: float, seed: int) -> tuple[Path, Path]:
     """The synthetic pairs split exactly as our trainer splits them, as two JSONL files for TRL."""
     from bench.synthetic_prefs import synthetic_preferences
-    from rlhf.reward_data import split_pairs
+    from rlhf.reward.data import split_pairs
 
     train, heldout = split_pairs(synthetic_preferences(n_pairs, seed=seed), heldout_fraction, seed)
     paths = []

@@ -33,9 +33,9 @@ import torch  # noqa: E402
 
 from annotate.simulate import resolve_judge  # noqa: E402
 from bench.curve_data import CACHE_DIR, answers_cache_path, read_answers  # noqa: E402
-from rlhf import bt_head  # noqa: E402
-from rlhf.active import candidate_pairs, select_pairs  # noqa: E402
-from rlhf.reward_strategies import FeatureExtractor, StrategyConfig, fit_feature_heads  # noqa: E402
+from rlhf.reward import bt_head  # noqa: E402
+from rlhf.reward.active import candidate_pairs, select_pairs  # noqa: E402
+from rlhf.reward.strategies import FeatureExtractor, StrategyConfig, VotesConfig, fit_feature_heads  # noqa: E402
 
 FEATURES = ("last@-1", "mean@-1", *(f"mean@{layer}" for layer in range(30)))
 """Cached for every answer (one forward pass gives them all). SmolLM2-135M has 30 layers: hidden_states[0] is the
@@ -101,7 +101,7 @@ def fit(data: CurveData, strategy: str, votes: list[int], labels: dict[int, bool
     kind, feature = strategy.split(":")
     chosen, rejected = data.diffs(feature, votes, [labels[i] for i in votes])
     n_heads = 8 if kind == "ensemble" or with_heads else 0
-    weight, heads, _ = fit_feature_heads(chosen, rejected, kind, StrategyConfig(seed=seed, n_heads=n_heads, cv_folds=3))
+    weight, heads, _ = fit_feature_heads(chosen, rejected, kind, StrategyConfig(votes=VotesConfig(n_heads=n_heads, cv_folds=3), seed=seed))
     return weight, heads
 
 

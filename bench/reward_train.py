@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 import torch  # noqa: E402
 
 from bench.synthetic_prefs import synthetic_preferences  # noqa: E402
-from rlhf.reward_train import RewardTrainConfig, train_reward_model  # noqa: E402
+from rlhf.reward.train import RewardTrainConfig, train_reward_model  # noqa: E402
 
 
 def peak_rss_mb() -> float:

@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from annotate.simulate import polite  # noqa: E402
-from rlhf.reward_data import PreferencePair  # noqa: E402
+from rlhf.reward.data import PreferencePair  # noqa: E402
 
 SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.jsonl"
 

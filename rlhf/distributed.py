@@ -81,3 +81,11 @@ def _forget_other_precision(precision: str | None) -> None:
     if precision is not None and state and state.get("_mixed_precision") != precision:
         AcceleratorState._reset_state(reset_partial_state=False)
 
+
+
+def is_main_process() -> bool:
+    """Whether this is the process that talks to the user and writes files and the database: the lone process, or
+    rank 0 of the processes `accelerate launch` / `torchrun` started (after `join_launched_processes`)."""
+    from accelerate.state import PartialState
+
+    return PartialState().is_main_process

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlhf.active import CandidatePair, candidate_pairs, choose_pairs, select_pairs
+from rlhf.reward.active import CandidatePair, candidate_pairs, choose_pairs, select_pairs
 
 
 def test_candidates_are_every_pair_of_distinct_non_empty_answers():

@@ -6,7 +6,7 @@ from annotate.active_pairs import load_pair_judge, pair_judge_path, queue_pairs
 from annotate.pairs import ensure_base_policy
 from annotate.store import Store
 from rlhf.generate import AnswerSampling
-from rlhf.reward_strategies import HEADS_FILE, VotesConfig
+from rlhf.reward.strategies import HEADS_FILE, VotesConfig
 
 SAMPLING = AnswerSampling(max_new_tokens=6, seed=0)
 
@@ -89,14 +89,14 @@ def test_the_pair_judge_is_the_last_finished_rounds_reward_model_with_heads(tmp_
 def test_the_apps_generator_chooses_sample_pairs_with_the_last_rounds_reward_model(tiny_model_dir, tmp_path,
                                                                                    monkeypatch):
     from annotate.serve import ModelPairGenerator
-    from rlhf.reward_data import PreferencePair
-    from rlhf.reward_strategies import StrategyConfig, TrainedPreferenceModel, train_strategy
+    from rlhf.reward.data import PreferencePair
+    from rlhf.reward.strategies import StrategyConfig, TrainedPreferenceModel, VotesConfig, train_strategy
 
     store, _base, _newer = store_with_two_policies(tiny_model_dir)
     generator = ModelPairGenerator(store, str(tiny_model_dir))
     pairs = [PreferencePair(f"Tell me about tea #{i}.", "Thank you, happy to help: it is lovely.", f"Tea {i}.")
              for i in range(12)]
-    model = train_strategy("head", pairs, str(tiny_model_dir), StrategyConfig(n_heads=4, cv_folds=3))
+    model = train_strategy("head", pairs, str(tiny_model_dir), StrategyConfig(votes=VotesConfig(n_heads=4, cv_folds=3)))
     path = model.save(tmp_path / "reward")
     asked = []
     disagreement = TrainedPreferenceModel.disagreement

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from annotate.records import Answer, NewPair
+from annotate.records import NewGeneration, NewPair
 from annotate.rounds_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui import build_app
@@ -61,9 +61,9 @@ def app_url(tmp_path):
     store = Store(db)
     store.add_prompts(["Say <b>hi</b> nicely."] + [f"Plain prompt {i}" for i in range(2, 7)])
     policy = store.add_policy(0, "base")
-    store.add_pairs_bulk([NewPair(1, Answer(policy, HOSTILE_LEFT, 9, "eos"), Answer(policy, HOSTILE_RIGHT, 9, "eos"))]
-                         + [NewPair(i, Answer(policy, f"answer one to {i}", 4, "eos"),
-                                    Answer(policy, f"answer two to {i}", 4, "eos")) for i in range(2, 7)])
+    store.add_pairs_bulk([NewPair(1, NewGeneration(policy, HOSTILE_LEFT, 9, "eos"), NewGeneration(policy, HOSTILE_RIGHT, 9, "eos"))]
+                         + [NewPair(i, NewGeneration(policy, f"answer one to {i}", 4, "eos"),
+                                    NewGeneration(policy, f"answer two to {i}", 4, "eos")) for i in range(2, 7)])
     marker = tmp_path / "round-ran"
     fake_round = tmp_path / "fake_round.py"
     fake_round.write_text(f"import pathlib, time\npathlib.Path({str(marker)!r}).write_text('ran')\n"
@@ -177,7 +177,7 @@ def test_with_an_auth_file_people_log_in_and_are_signed_in_under_their_login(bro
     store = Store(tmp_path / "auth.db")
     store.add_prompts(["Hello?"])
     policy = store.add_policy(0, "base")
-    store.add_pairs_bulk([NewPair(1, Answer(policy, "hi", 1, "eos"), Answer(policy, "hey", 1, "eos"))])
+    store.add_pairs_bulk([NewPair(1, NewGeneration(policy, "hi", 1, "eos"), NewGeneration(policy, "hey", 1, "eos"))])
     demo = build_app(store, NoGenerator(), AppConfig(require_auth=True))
     demo.queue()
     port = free_port()

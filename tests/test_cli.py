@@ -1,7 +1,7 @@
 import json
 
 import app
-from annotate.records import Answer, NewPair
+from annotate.records import NewGeneration, NewPair
 from annotate.store import Store
 
 
@@ -34,8 +34,8 @@ def test_export_command_writes_trl_columns(tmp_path):
     store.add_prompts(["say hi"], source="t")
     policy = store.add_policy(0, "base")
     prompt = store.prompts()[0]
-    [pair_id] = store.add_pairs_bulk([NewPair(prompt.id, Answer(policy, "hi", 1, "stop"),
-                                              Answer(policy, "go away", 2, "stop"), "sample")])
+    [pair_id] = store.add_pairs_bulk([NewPair(prompt.id, NewGeneration(policy, "hi", 1, "stop"),
+                                              NewGeneration(policy, "go away", 2, "stop"), "sample")])
     store.record_vote(pair_id, "ann", "a", a_on_left=True)
     store.close()
     out = tmp_path / "prefs.jsonl"

@@ -48,7 +48,7 @@ def _drive(digest_dir: Path, app_argv: list[str]) -> int:
 
     import app
     from annotate.store import Store
-    from rlhf.reward import RewardModel
+    from rlhf.reward.model import RewardModel
 
     optimizers: list[tuple[list, str]] = []  # (trained parameters, digest when the optimizer was made)
     saved: list[str] = []
@@ -165,7 +165,7 @@ def test_ppo_under_two_processes(tmp_path, tiny_model_dir):
     import torch
 
     from rlhf.models import load_tokenizer
-    from rlhf.reward import RewardModel
+    from rlhf.reward.model import RewardModel
 
     torch.manual_seed(0)
     reward_dir = RewardModel.from_causal_lm(tiny_model_dir).save_pretrained(

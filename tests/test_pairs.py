@@ -158,12 +158,12 @@ def test_generate_pairs_command_refuses_bad_numbers(tmp_path, tiny_model_dir, ca
 
 def test_generate_pairs_command_chooses_sample_pairs_with_the_last_rounds_reward_model(tmp_path, tiny_model_dir,
                                                                                        capsys):
-    from rlhf.reward_data import PreferencePair
-    from rlhf.reward_strategies import StrategyConfig, train_strategy
+    from rlhf.reward.data import PreferencePair
+    from rlhf.reward.strategies import StrategyConfig, VotesConfig, train_strategy
 
     pairs = [PreferencePair(f"Tell me about tea #{i}.", "Thank you, happy to help: it is lovely.", f"Tea {i}.")
              for i in range(12)]
-    path = train_strategy("head", pairs, str(tiny_model_dir), StrategyConfig(n_heads=4, cv_folds=3)).save(
+    path = train_strategy("head", pairs, str(tiny_model_dir), StrategyConfig(votes=VotesConfig(n_heads=4, cv_folds=3))).save(
         tmp_path / "reward")
     with Store(tmp_path / "loop.db") as store:
         store.add_prompts([f"Question {i}?" for i in range(6)])

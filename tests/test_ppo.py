@@ -13,11 +13,11 @@ import app
 from annotate.store import Store
 from rlhf.losses import actor_loss, critic_loss
 from rlhf.models import format_prompt, load_causal_lm, load_tokenizer, resolve_model_path
-from rlhf.ppo import PPOConfig, PPOTrainer
+from rlhf.ppo.trainer import PPOConfig, PPOTrainer
 from rlhf.generate import response_mask_until_eos
-from rlhf.ppo_experience import position_ids_from_mask, response_log_probs
-from rlhf.ppo_train import _same_model, add_lora, build_ppo_trainer, train_ppo
-from rlhf.reward import RewardModel, RewardOutput
+from rlhf.ppo.experience import position_ids_from_mask, response_log_probs
+from rlhf.ppo.train import _same_model, add_lora, build_ppo_trainer, train_ppo
+from rlhf.reward.model import RewardModel, RewardOutput
 
 PROMPTS = ["hello there", "what is two plus two", "tell me a joke", "name a colour"]
 

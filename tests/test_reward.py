@@ -11,8 +11,8 @@ import torch
 
 import app
 from rlhf.models import format_prompt
-from rlhf.reward import RewardModel, is_reward_model_dir
-from rlhf.reward_data import (
+from rlhf.reward.model import RewardModel, is_reward_model_dir
+from rlhf.reward.data import (
     PairCollator,
     PreferenceDataError,
     PreferencePair,
@@ -22,7 +22,7 @@ from rlhf.reward_data import (
     tokenize_pairs,
     truncate_pair,
 )
-from rlhf.reward_train import RewardTrainConfig, batch_loss, train_reward_model
+from rlhf.reward.train import RewardTrainConfig, batch_loss, train_reward_model
 
 MARKER = "banana"
 WORDS = "river cloud stone table window garden paper music orange simple quick yellow ocean forest bright".split()
@@ -372,15 +372,15 @@ def test_command_without_votes_or_data_says_where_to_get_them(tmp_path, capsys):
 
 def store_with_votes(db, pairs, tie_pairs=0):
     """A database where each pair's chosen answer (gen_a) won one vote; `tie_pairs` extra pairs got a tie."""
-    from annotate.records import Answer, NewPair
+    from annotate.records import NewGeneration, NewPair
     from annotate.store import Store
 
     store = Store(db)
     store.add_prompts(sorted({p.prompt for p in pairs}), source="test")
     prompt_ids = {prompt.text: prompt.id for prompt in store.prompts()}
     policy = store.add_policy(0, "base")
-    new_pairs = [NewPair(prompt_ids[p.prompt], Answer(policy, p.chosen, 5, "stop"),
-                         Answer(policy, p.rejected, 5, "stop"), "sample") for p in pairs]
+    new_pairs = [NewPair(prompt_ids[p.prompt], NewGeneration(policy, p.chosen, 5, "stop"),
+                         NewGeneration(policy, p.rejected, 5, "stop"), "sample") for p in pairs]
     for index, pair_id in enumerate(store.add_pairs_bulk(new_pairs)):
         store.record_vote(pair_id, "ann", "tie" if index < tie_pairs else "a", a_on_left=index % 2 == 0)
     store.close()

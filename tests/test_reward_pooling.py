@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from rlhf.reward import RewardModel, truncated_decoder
+from rlhf.reward.model import RewardModel, truncated_decoder
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -136,8 +136,8 @@ def mean_reward_dir(full_model, tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("use_lora", [False, True])
 def test_ppo_scores_the_response_mean_and_trains_a_step(tiny_model_dir, mean_reward_dir, use_lora):
-    from rlhf.ppo import PPOConfig
-    from rlhf.ppo_train import build_ppo_trainer
+    from rlhf.ppo.trainer import PPOConfig
+    from rlhf.ppo.train import build_ppo_trainer
 
     # fp32: compared to 1e-5 with the reward model run alone (auto would be bf16 on a CPU with native bf16)
     config = PPOConfig(batch_size=3, mini_batch_size=3, max_new_tokens=5, seed=0, use_lora=use_lora,

@@ -5,13 +5,15 @@ import math
 import pytest
 import torch
 
-from rlhf import bt_head
-from rlhf.reward import RewardModel
-from rlhf.reward_data import PreferencePair
-from rlhf.reward_strategies import (
+from rlhf.reward import bt_head
+from rlhf.reward.model import RewardModel
+from rlhf.reward.train import RewardTrainConfig
+from rlhf.reward.data import PreferencePair
+from rlhf.reward.strategies import (
     FeatureExtractor,
     StrategyConfig,
     TrainedPreferenceModel,
+    VotesConfig,
     canonical_feature,
     pad_answers,
     score_with_reward_model,
@@ -89,7 +91,7 @@ def polite_pairs(n: int) -> list[PreferencePair]:
 @pytest.mark.parametrize("feature, saved_layers", [("last@-1", 2), ("mean@1", 1), ("mean@0", 0), ("mean@2", 2)])
 def test_exported_reward_model_scores_exactly_as_the_head(tiny_model_dir, tmp_path, feature, saved_layers):
     pairs = polite_pairs(30)
-    config = StrategyConfig(feature=feature, heldout_fraction=0.2, n_heads=4, cv_folds=3)
+    config = StrategyConfig(votes=VotesConfig(feature=feature, n_heads=4, cv_folds=3), reward=RewardTrainConfig(heldout_fraction=0.2, show_progress=False))
     model = train_strategy("ensemble", pairs, str(tiny_model_dir), config)
     assert model.metrics["rm/n_train"] == 24 and model.metrics["rm/n_heldout"] == 6
     prompts = [p.prompt for p in pairs[:5]]
@@ -126,7 +128,7 @@ def test_mean_pooling_averages_the_answer_tokens_only(tiny_model_dir):
     # only through attention, so mean pooling must not include prompt positions -> check against a manual mean
     features = extractor.compute(["Hi", "A much longer prompt than the other one"], ["Fine.", "Fine."],
                                  ["mean@1", "last@1"])
-    from rlhf.reward_data import tokenize_pairs
+    from rlhf.reward.data import tokenize_pairs
 
     tokenized = tokenize_pairs(extractor.tokenizer, [PreferencePair("Hi", "Fine.", "Fine.")], 512)[0]
     ids = torch.tensor([tokenized.prompt_ids + tokenized.chosen_answer_ids])
@@ -138,7 +140,7 @@ def test_mean_pooling_averages_the_answer_tokens_only(tiny_model_dir):
 
 
 def test_wilson_interval_matches_the_hand_computation():
-    from rlhf.reward_strategies import wilson_interval
+    from rlhf.reward.strategies import wilson_interval
 
     # 15 of 20, z = 1.96: centre (0.75 + 1.96^2 / 40) / (1 + 1.96^2 / 20) = 0.8460 / 1.1921 = 0.7097;
     # half-width 1.96 * sqrt(0.75 * 0.25 / 20 + 1.96^2 / 1600) / 1.1921 = 1.96 * 0.10856 / 1.1921 = 0.1785
@@ -148,7 +150,7 @@ def test_wilson_interval_matches_the_hand_computation():
 
 
 def test_votes_to_beat_chance_grows_as_accuracy_nears_one_half():
-    from rlhf.reward_strategies import votes_to_beat_chance, wilson_interval
+    from rlhf.reward.strategies import votes_to_beat_chance, wilson_interval
 
     assert votes_to_beat_chance(0.5, 0.2) is None
     at_75, at_60 = votes_to_beat_chance(0.75, 0.2), votes_to_beat_chance(0.6, 0.2)
@@ -158,7 +160,7 @@ def test_votes_to_beat_chance_grows_as_accuracy_nears_one_half():
 
 
 def test_auto_strategy_follows_the_vote_count():
-    from rlhf.reward_strategies import VotesConfig, choose_strategy
+    from rlhf.reward.strategies import VotesConfig, choose_strategy
 
     config = VotesConfig(ensemble_from_votes=100, full_from_votes=500)
     assert [choose_strategy(n, config) for n in (50, 100, 499, 500)] == ["head", "ensemble", "ensemble", "full"]
@@ -171,7 +173,7 @@ def test_round_refuses_ppo_when_the_interval_reaches_chance_and_says_how_many_vo
     from types import SimpleNamespace
 
     from rlhf.config import load_config
-    from rlhf.round import RoundRefused, _check_accuracy
+    from rlhf.round.run import RoundRefused, _check_accuracy
 
     config = load_config(None, ["round.min_accuracy=0.55", "reward.heldout_fraction=0.2"])
     plan = SimpleNamespace(round_id=1, preferences=[None] * 40)

@@ -15,7 +15,7 @@ from annotate.simulate import resolve_judge, simulate_votes
 from annotate.store import Store
 from rlhf.config import load_config
 from rlhf.generate import AnswerSampling
-from rlhf.round import RoundLock, run_round
+from rlhf.round.run import RoundLock, run_round
 
 PROMPTS = [f"Tell me something about the number {i}." for i in range(24)]
 
@@ -79,8 +79,8 @@ def test_ppo_on_a_head_reward_model_normalises_scores_and_takes_lambda_one_unles
                                                                                             knob, adapted):
     import json
 
-    from rlhf.reward_strategies import STRATEGY_FILE
-    from rlhf.round import ppo_settings
+    from rlhf.reward.strategies import STRATEGY_FILE
+    from rlhf.round.run import ppo_settings
 
     if strategy is not None:  # None: a folder from --train-reward, without the strategy file
         (tmp_path / STRATEGY_FILE).write_text(json.dumps({"strategy": strategy}))
@@ -218,7 +218,7 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
 
 def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
     from annotate.simulate import longer
-    from rlhf.round_cli import head_to_head
+    from commands.round import head_to_head
 
     prompts = ["p1", "p2", "p3", "p4", "p5"]
     new = ["a long answer", "a long answer", "same", "x", "longer one"]
@@ -230,7 +230,7 @@ def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
 
 def test_mean_score_averages_the_rules_score_and_is_none_for_a_verdict_only_annotator():
     from annotate.simulate import resolve_score
-    from rlhf.round_cli import mean_score
+    from commands.round import mean_score
 
     answers = ["Thank you, I hope this helps", "plain words here", "please"]
     # courtesy shares: thank + hope of 6 words = 1/3, 0 of 3, 1 of 1 -> mean (1/3 + 0 + 1) / 3 = 4/9

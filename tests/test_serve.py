@@ -69,7 +69,7 @@ def test_seed_prompts_only_on_an_empty_database(tmp_path):
 def test_round_command_follows_the_table_of_commands(monkeypatch):
     monkeypatch.setattr(app, "COMMANDS", [("--train-round", None, "", None)])
     assert round_command("d.db", "default") is None
-    monkeypatch.setattr(app, "COMMANDS", [("--train-round", None, "", "rlhf.round:main")])
+    monkeypatch.setattr(app, "COMMANDS", [("--train-round", None, "", "rlhf.round.run:main")])
     command = round_command("d.db", "default")
     assert command[1].endswith("app.py") and command[2:] == ["--train-round", "--db", "d.db", "--model", "default"]
 

@@ -9,7 +9,7 @@ import torch
 
 from rlhf.generate import AnswerSampling, encode_prompt, generate_answers
 from rlhf.models import load_causal_lm, load_tokenizer
-from rlhf.sft import (
+from rlhf.sft.train import (
     IGNORE_INDEX,
     SFTConfig,
     SFTDataError,

@@ -1,6 +1,6 @@
 import pytest
 
-from annotate.records import Answer, NewPair
+from annotate.records import NewGeneration, NewPair
 from annotate.simulate import (COURTESY_WORDS, AnnotatorSpecError, noisy, politeness, resolve_judge,
                                simulate_votes, word_share)
 from annotate.store import Store
@@ -11,7 +11,7 @@ def seeded_store(answers: list[tuple[str, str]]) -> Store:
     store.add_prompts([f"prompt {i}" for i in range(len(answers))], source="test")
     policy = store.add_policy(0, "base")
     pairs = [
-        NewPair(prompt.id, Answer(policy, a, len(a.split()), "stop"), Answer(policy, b, len(b.split()), "stop"), "sample")
+        NewPair(prompt.id, NewGeneration(policy, a, len(a.split()), "stop"), NewGeneration(policy, b, len(b.split()), "stop"), "sample")
         for prompt, (a, b) in zip(store.prompts(), answers)
     ]
     store.add_pairs_bulk(pairs)
@@ -77,8 +77,8 @@ def test_simulate_command_votes_into_the_database(tmp_path, capsys):
     store.add_prompts(["p1", "p2"], source="t")
     policy = store.add_policy(0, "base")
     for prompt in store.prompts():
-        store.add_pairs_bulk([NewPair(prompt.id, Answer(policy, "hi", 1, "stop"),
-                                      Answer(policy, "hello there", 2, "stop"), "sample")])
+        store.add_pairs_bulk([NewPair(prompt.id, NewGeneration(policy, "hi", 1, "stop"),
+                                      NewGeneration(policy, "hello there", 2, "stop"), "sample")])
     store.close()
     assert app.main(["--simulate", "longer", "--votes", "5", "--db", str(db)]) == 0
     assert "sim:longer voted 2 times" in capsys.readouterr().out

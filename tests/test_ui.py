@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from annotate.generation_job import GenerationJob
-from annotate.records import Answer, NewPair
+from annotate.records import NewGeneration, NewPair
 from annotate.rounds_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui import AnnotateHandlers, build_app
@@ -32,8 +32,8 @@ class FakeGenerator:
         prompts = self.store.prompts_needing_pairs(n_pairs)
         for done, prompt in enumerate(prompts, start=1):
             time.sleep(self.seconds_per_pair)
-            self.store.add_pairs_bulk([NewPair(prompt.id, Answer(policy.id, f"fake A {done}", 3, "eos"),
-                                               Answer(policy.id, f"fake B {done}", 3, "eos"))])
+            self.store.add_pairs_bulk([NewPair(prompt.id, NewGeneration(policy.id, f"fake A {done}", 3, "eos"),
+                                               NewGeneration(policy.id, f"fake B {done}", 3, "eos"))])
             progress(done, n_pairs)
         return len(prompts)
 
@@ -43,7 +43,7 @@ def seed_pairs(store: Store, n: int) -> None:
     store.add_prompts([f"Prompt {i}" for i in range(1, n + 1)])
     policy = store.add_policy(0, "base")
     store.add_pairs_bulk([
-        NewPair(p.id, Answer(policy, f"first answer {i}", 3, "eos"), Answer(policy, f"second answer {i}", 3, "eos"))
+        NewPair(p.id, NewGeneration(policy, f"first answer {i}", 3, "eos"), NewGeneration(policy, f"second answer {i}", 3, "eos"))
         for i, p in enumerate(store.prompts(), 1)
     ])
 
@@ -355,7 +355,7 @@ def test_rounds_table_and_curves_tolerate_missing_metrics(app_parts):
                               "pairs_used": 80, "history": [{"step": 0, "ppo/kl": 0.0}, {"step": 1, "ppo/kl": 0.01}]})
     failed = store.start_round(pid=1)
     store.fail_round(failed, "too few pairs")
-    # what rlhf/reward_train.py and rlhf/ppo.py record: held-out accuracy and sizes, per-step dicts with ppo/step
+    # what rlhf/reward/train.py and rlhf/ppo/trainer.py record: held-out accuracy and sizes, per-step dicts with ppo/step
     trainers = store.start_round(pid=1)
     store.update_round_metrics(trainers, {"rm/heldout_accuracy": 0.6, "rm/n_train": 90, "rm/n_heldout": 10,
                                           "history": [{"ppo/step": 1, "ppo/kl": 0.5}, {"ppo/step": 2, "ppo/kl": 0.25}]})
@@ -380,7 +380,7 @@ def test_dashboard_counts_agreement_and_win_rates(app_parts):
     for name, choice in (("alice", "a"), ("bob", "a"), ("carol", "b")):
         store.record_vote(1, name, choice, True, 1.0)
     newer = store.add_policy(1, "round-1")
-    store.add_pairs_bulk([NewPair(1, Answer(newer, "new", 1, "eos"), Answer(1, "old", 1, "eos"), kind="versus")])
+    store.add_pairs_bulk([NewPair(1, NewGeneration(newer, "new", 1, "eos"), NewGeneration(1, "old", 1, "eos"), kind="versus")])
     store.record_vote(4, "alice", "a", False, 1.0)
     dashboard = DashboardHandlers(store, app_parts.config)
     counts, by_annotator, agreement_text, agreement, *_, win_rates = dashboard.refresh()

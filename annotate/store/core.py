@@ -27,7 +27,7 @@ from annotate.store.rounds import RoundRecords
 from annotate.store.sql import now
 from annotate.importers import read_prompts
 from annotate.records import (
-    CHOICES, PAIR_KINDS, ROLES, Annotator, Answer, Generation, ImportResult, NewPair, Pair, Policy, Prompt, Showing,
+    CHOICES, PAIR_KINDS, ROLES, Annotator, NewGeneration, Generation, ImportResult, NewPair, Pair, Policy, Prompt, Showing,
     Vote,
 )
 
@@ -206,11 +206,17 @@ class Store(RoundRecords, Reports):
         rows = self._rows("SELECT * FROM policies ORDER BY round ASC, id DESC LIMIT 1")
         return Policy(**rows[0]) if rows else None
 
+    def ensure_base_policy(self, model_name: str) -> Policy:
+        """The current policy, recording `model_name` as the round-0 (base) policy when there is none yet (stored as
+        given: "default", a hub id or a folder, which rlhf.models resolves when loading)."""
+        latest = self.latest_policy()
+        return latest if latest is not None else self.policy(self.add_policy(round=0, path=str(model_name)))
+
     def add_generation(self, prompt_id: int, policy_id: int, text: str, n_tokens: int, finish_reason: str) -> int:
         with self._write() as db:
-            return self._insert_generation(db, prompt_id, Answer(policy_id, text, n_tokens, finish_reason))
+            return self._insert_generation(db, prompt_id, NewGeneration(policy_id, text, n_tokens, finish_reason))
 
-    def _insert_generation(self, db: sqlite_utils.Database, prompt_id: int, answer: Answer) -> int:
+    def _insert_generation(self, db: sqlite_utils.Database, prompt_id: int, answer: NewGeneration) -> int:
         return db["generations"].insert({
             "prompt_id": prompt_id, "policy_id": answer.policy_id, "text": answer.text,
             "n_tokens": answer.n_tokens, "finish_reason": answer.finish_reason, "created_at": now(),

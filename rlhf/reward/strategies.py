@@ -2,9 +2,9 @@
 
 - "head": the policy's backbone stays frozen; each answer's features (hidden states of one layer, pooled at the
   last token or averaged over the answer) are computed once under inference mode, and a Bradley-Terry head is
-  fitted on feature differences with its L2 strength chosen by cross-validation (rlhf.bt_head).
+  fitted on feature differences with its L2 strength chosen by cross-validation (rlhf.reward.bt_head).
 - "ensemble": the same features, the score of the mean of bootstrap heads (a linear head too).
-- "full": every weight fine-tuned by rlhf.reward_train.train_reward_model (as TRL does).
+- "full": every weight fine-tuned by rlhf.reward.train.train_reward_model (as TRL does).
 
 Every trained model scores answers, gives P(a preferred to b) and a disagreement per pair (the spread of bootstrap
 heads on the frozen features, also for "full", so active selection works whatever scores), and saves a folder that
@@ -26,10 +26,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from rlhf import bt_head
-from rlhf.reward import MARKER_FILE, RewardModel, load_reward_model, load_reward_tokenizer
-from rlhf.reward_data import PairLike, PreferencePair, split_pairs, tokenize_pairs
-from rlhf.reward_train import RewardTrainConfig, train_reward_model
+from rlhf.reward import bt_head
+from rlhf.reward.model import MARKER_FILE, RewardModel, load_reward_model, load_reward_tokenizer
+from rlhf.reward.data import PairLike, PreferencePair, split_pairs, tokenize_pairs
+from rlhf.reward.train import RewardTrainConfig, train_reward_model
 
 STRATEGIES = ("head", "ensemble", "full")
 DEFAULT_FEATURE = "mean@2"
@@ -41,24 +41,18 @@ STRATEGY_FILE = "preference_strategy.json"
 
 @dataclass
 class StrategyConfig:
-    """How a preference model is trained from votes (any strategy)."""
+    """How a preference model is trained from votes (any strategy); rlhf.round.config.strategy_settings builds the
+    round's from [votes] and [reward], so no setting is declared twice."""
 
-    feature: str = DEFAULT_FEATURE
-    """Pooling@layer of the frozen features: "mean@4", "last@-1", "mean@-1", ... (pooling@hidden_states index)."""
-    heldout_fraction: float = 0.2
-    """Share of votes held out (seeded split by pair, as train_reward_model does) to measure accuracy."""
+    votes: "VotesConfig" = field(default_factory=lambda: VotesConfig())
+    """feature, n_heads and cv_folds of the head strategies."""
+    reward: RewardTrainConfig = field(default_factory=lambda: RewardTrainConfig(show_progress=False))
+    """heldout_fraction and max_length of every strategy, and the "full" strategy's training settings (model and
+    out_dir are set by train_strategy)."""
     seed: int = 0
     """Seeds the split, the folds and the bootstrap."""
-    cv_folds: int = 5
-    """Folds of the cross-validation that picks the L2 strength."""
-    n_heads: int = 8
-    """Bootstrap heads of the ensemble (disagreement; the "ensemble" score is their mean)."""
     batch_size: int = 16
     """Answers per forward pass when extracting features."""
-    max_length: int = 512
-    """Tokens per prompt + answer, truncated as the reward model's training data is."""
-    reward: RewardTrainConfig = field(default_factory=lambda: RewardTrainConfig(show_progress=False))
-    """Settings of the "full" strategy (model, out_dir and heldout_fraction are set by train_strategy)."""
 
 
 @dataclass
@@ -179,7 +173,7 @@ class FeatureExtractor:
     @torch.inference_mode()
     def compute(self, prompts: Sequence[str], answers: Sequence[str], features: Sequence[str]) -> dict:
         """{feature: (N, D)} for several features from one pass per batch (uncached: the bench stores its own)."""
-        from rlhf.reward import position_ids_from_mask
+        from rlhf.reward.model import position_ids_from_mask
 
         n_layers = self.reward_model.backbone.config.num_hidden_layers
         specs = {f: parse_feature(canonical_feature(f, n_layers)) for f in features}
@@ -342,9 +336,9 @@ def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, 
                       config: StrategyConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(weight (D,), bootstrap heads (H, D), metrics) of a head strategy on training features (N, D) each."""
     diffs = train_chosen - train_rejected  # (N, D)
-    fit = bt_head.fit_head(diffs, k=config.cv_folds, seed=config.seed)
-    if config.n_heads > 0:
-        heads = bt_head.fit_bootstrap_heads(diffs, fit.lam, config.n_heads, seed=config.seed)  # (H, D)
+    fit = bt_head.fit_head(diffs, k=config.votes.cv_folds, seed=config.seed)
+    if config.votes.n_heads > 0:
+        heads = bt_head.fit_bootstrap_heads(diffs, fit.lam, config.votes.n_heads, seed=config.seed)  # (H, D)
     else:  # no disagreement wanted (the curve bench's single heads): the one head alone
         heads = fit.weight[None, :]  # (1, D)
     weight = heads.mean(0) if strategy == "ensemble" else fit.weight  # (D,)
@@ -381,9 +375,9 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
     config = config or StrategyConfig()
     if name not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {name!r}")
-    train, heldout = split_pairs(pairs, config.heldout_fraction, config.seed)
-    extractor = extractor or FeatureExtractor.from_model(base_model, config.batch_size, config.max_length)
-    feature = canonical_feature(config.feature, extractor.reward_model.backbone.config.num_hidden_layers)
+    train, heldout = split_pairs(pairs, config.reward.heldout_fraction, config.seed)
+    extractor = extractor or FeatureExtractor.from_model(base_model, config.batch_size, config.reward.max_length)
+    feature = canonical_feature(config.votes.feature, extractor.reward_model.backbone.config.num_hidden_layers)
     prompts, chosen, rejected = _texts(train)
     fc = extractor.features(prompts, chosen, feature)  # (N, D)
     fr = extractor.features(prompts, rejected, feature)  # (N, D)

@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 
 from rlhf.losses import pairwise_loss
 from rlhf.models import ModelNotFoundError
-from rlhf.reward import RewardModel, load_reward_model, load_reward_tokenizer
-from rlhf.reward_data import (
+from rlhf.reward.model import RewardModel, load_reward_model, load_reward_tokenizer
+from rlhf.reward.data import (
     PairCollator,
     PairLike,
     PreferenceDataError,
@@ -317,65 +317,3 @@ def train_reward_model(
             unwrapped.save_pretrained(path, tokenizer=tokenizer, state_dict=state_dict)
         accelerator.wait_for_everyone()
     return RewardTrainResult(metrics=metrics, heldout_accuracy=heldout_accuracy, path=path, model=unwrapped)
-
-
-# app.py flag -> RewardTrainConfig field; a flag left out (None) keeps the config's default
-FLAG_FIELDS = {
-    "rm_warm_start": "warm_start", "rm_epochs": "epochs", "rm_lr": "learning_rate", "rm_batch_size": "batch_size",
-    "rm_grad_accum": "grad_accum", "rm_max_length": "max_length", "rm_loss": "loss_form", "rm_margin": "margin",
-    "rm_center_coef": "center_coef", "rm_heldout_fraction": "heldout_fraction", "rm_seed": "seed",
-}
-
-
-def config_from_args(args) -> RewardTrainConfig:
-    """The reward-model settings of app.py's `reward model` flags (and --model, --out)."""
-    chosen = {name: getattr(args, flag) for flag, name in FLAG_FIELDS.items() if getattr(args, flag, None) is not None}
-    return RewardTrainConfig(model=args.model, out_dir=str(args.out or default_out_dir()), **chosen)
-
-
-def load_pairs_for_command(args) -> list[PairLike]:
-    """Pairs from `--data FILE` when given, else the store's majority preferences."""
-    if args.data:
-        return load_preference_file(args.data)
-    if not Path(args.db).is_file():
-        raise PreferenceDataError(
-            f"No database at {args.db}: nothing has been voted on yet. Collect votes in the app first, pass --db PATH, "
-            "or train from a file with --data FILE (JSONL or a dataset folder with prompt, chosen, rejected)."
-        )
-    from annotate.store import Store
-
-    with Store(args.db) as store:
-        return list(store.preferences())
-
-
-def is_main_process() -> bool:
-    """True in a lone process and in rank 0 of `torchrun` / `accelerate launch` (which set RANK)."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def command_train_reward(args) -> int:
-    """`python app.py --train-reward`: train on the votes (or --data), save, print the held-out accuracy."""
-    try:
-        config = config_from_args(args)
-    except ValueError as error:
-        print(f"app.py --train-reward: {error}", file=sys.stderr)
-        return 2
-    try:
-        pairs = load_pairs_for_command(args)
-        if is_main_process():
-            print(f"Training the reward model on {len(pairs)} preference pairs from {args.data or args.db} ...",
-                  file=sys.stderr)
-        result = train_reward_model(pairs, config)
-    except (PreferenceDataError, ModelNotFoundError) as error:
-        print(f"app.py --train-reward: {error}", file=sys.stderr)
-        return 2
-    if not is_main_process():
-        return 0
-    metrics = result.metrics
-    if result.heldout_accuracy is None:
-        print("Held-out accuracy: not measured (nothing held out).")
-    else:
-        print(f"Held-out accuracy: {result.heldout_accuracy:.1%} on {metrics['rm/n_heldout']} pairs "
-              f"(trained on {metrics['rm/n_train']}; training accuracy {metrics['rm/accuracy']:.1%}).")
-    print(f"Reward model saved to {result.path}")
-    return 0

@@ -14,8 +14,8 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 
 from rlhf.models import ModelNotFoundError, load_causal_lm, load_tokenizer
-from rlhf.ppo import PPOConfig, PPOTrainer, make_accelerator
-from rlhf.reward import RewardModel, is_reward_model_dir
+from rlhf.ppo.trainer import PPOConfig, PPOTrainer, make_accelerator
+from rlhf.reward.model import RewardModel, is_reward_model_dir
 
 HEAD_NAMES = {"lm_head", "v_head", "score"}
 """Output layers: trained in full or kept frozen, never given adapters."""
@@ -114,66 +114,3 @@ def train_ppo(
     history = trainer.train(prompts, on_step=on_step)
     saved = trainer.save_actor(out_dir)
     return PPOResult(history=history, saved_path=saved, config=asdict(config))
-
-
-# ----- python app.py --train-ppo -----
-
-
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
-
-
-def _prompts_for_command(args) -> list[str]:
-    """Prompts from --prompts FILE, else from the store; raises ValueError with the fix in its message."""
-    from annotate.importers import PromptImportError, read_prompts
-    from annotate.store import Store
-
-    if args.prompts:
-        try:
-            return read_prompts(args.prompts)
-        except PromptImportError as error:
-            raise ValueError(str(error)) from None
-    if not Path(args.db).is_file():
-        raise ValueError(f"no database at {args.db}: import prompts with --import-prompts FILE, "
-                         "or pass them with --prompts FILE")
-    with Store(args.db) as store:
-        prompts = [prompt.text for prompt in store.prompts()]
-    if not prompts:
-        raise ValueError(f"{args.db} holds no prompts: import some with --import-prompts FILE, "
-                         "or pass them with --prompts FILE")
-    return prompts
-
-
-def command_train_ppo(args) -> int:
-    """`--train-ppo --reward-model DIR [--prompts FILE] [--steps N] [--out DIR] [--lora] ...`: PPO alone."""
-    if not args.reward_model:
-        return _fail("--train-ppo needs --reward-model DIR, a folder saved by --train-reward")
-    if not is_reward_model_dir(args.reward_model):
-        return _fail(f"{args.reward_model} is not a reward model folder (no reward_model.json there); "
-                     "train one with --train-reward")
-    for flag in ("steps", "ppo_batch_size", "ppo_max_new_tokens"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            return _fail(f"--{flag.replace('_', '-')} must be at least 1")
-    try:
-        prompts = _prompts_for_command(args)
-    except ValueError as error:
-        return _fail(str(error))
-    sizes = {"batch_size": args.ppo_batch_size, "mini_batch_size": args.ppo_batch_size,
-             "max_new_tokens": args.ppo_max_new_tokens}
-    config = PPOConfig(steps=args.steps or 0, use_lora=args.lora, seed=args.seed,
-                       **{name: value for name, value in sizes.items() if value is not None})
-    out_dir = Path(args.out or f"data/checkpoints/ppo-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        result = train_ppo(args.model, args.reward_model, prompts, config, out_dir,
-                           reference_path=args.reference)
-    except ModelNotFoundError as error:
-        return _fail(str(error))
-    from accelerate.state import PartialState
-
-    if not PartialState().is_main_process:
-        return 0
-    last = result.history[-1]
-    print(f"PPO: {len(result.history)} steps on {len(prompts)} prompts; last step score "
-          f"{last['ppo/score']:.3f}, KL {last['ppo/kl']:.3f}. Actor saved to {result.saved_path}.")
-    return 0

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from annotate.store import Store
-from rlhf.config import LoopConfig
+from rlhf.round.config import TrainingConfig, ppo_settings, strategy_settings
 
 Log = Callable[[str], None]
 
@@ -135,15 +135,13 @@ def _crashed_work(store: Store, n_preferences: int) -> tuple[str | None, int | N
     return None, None
 
 
-def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompts: set[str] | None = None,
+def plan_round(store: Store, base_model: str, config: TrainingConfig, exclude_prompts: set[str] | None = None,
                log: Log = print) -> RoundPlan:
     """Steps 1-2 on the main process: stale rounds, preference set, refusal on too few new pairs, a round row."""
     stale = store.mark_stale_rounds_failed()
     if stale:
         log(f"Marked crashed round(s) {', '.join(map(str, stale))} as failed; resuming from what they finished.")
-    from annotate.pairs import ensure_base_policy
-
-    ensure_base_policy(store, base_model)
+    store.ensure_base_policy(base_model)
     preferences = [(p.prompt, p.chosen, p.rejected) for p in store.preferences()]
     last_done = store.last_done_round()
     used_before = int(last_done.metrics.get("round/pairs_used", 0)) if last_done else 0
@@ -217,7 +215,7 @@ def _broadcast(value):
     return box[0]
 
 
-def run_round(db_path: str | Path, base_model: str, config: LoopConfig, log: Log = print,
+def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log: Log = print,
               exclude_prompts: set[str] | None = None,
               pair_maker: Callable | None = None) -> RoundResult:
     """Run one round end to end (steps 1-6 of DESIGN.md "The round"); raises RoundRefused with the reason."""
@@ -274,15 +272,13 @@ def run_round(db_path: str | Path, base_model: str, config: LoopConfig, log: Log
     return RoundResult(round_id=plan.round_id, policy_id=policy_id, metrics=metrics)
 
 
-def _reward_stage(plan: RoundPlan, base_model: str, config: LoopConfig, record, log: Log) -> str:
+def _reward_stage(plan: RoundPlan, base_model: str, config: TrainingConfig, record, log: Log) -> str:
     """Step 3: train the reward model on every preference with the strategy the vote count calls for
-    (rlhf.reward_strategies), then refuse PPO on a model that cannot be told from chance."""
-    from dataclasses import replace
-
+    (rlhf.reward.strategies), then refuse PPO on a model that cannot be told from chance."""
     from accelerate.state import PartialState
 
-    from rlhf.reward_data import PreferencePair
-    from rlhf.reward_strategies import StrategyConfig, choose_strategy, train_strategy
+    from rlhf.reward.data import PreferencePair
+    from rlhf.reward.strategies import choose_strategy, train_strategy
 
     if plan.reuse_reward_path:
         log(f"Round {plan.round_id}: reusing the reward model a crashed round trained on the same votes.")
@@ -294,11 +290,7 @@ def _reward_stage(plan: RoundPlan, base_model: str, config: LoopConfig, record, 
     out_dir = Path(plan.out_dir) / "reward"
     staging = Path(plan.out_dir) / ".reward-staging"
     seed = config.round.seed + plan.round_id
-    strategy_config = StrategyConfig(
-        feature=votes.feature, heldout_fraction=config.reward.heldout_fraction, seed=seed, cv_folds=votes.cv_folds,
-        n_heads=votes.n_heads, max_length=config.reward.max_length,
-        reward=replace(config.reward, warm_start=plan.reward_warm_start, seed=seed, show_progress=True),
-    )
+    strategy_config = strategy_settings(config, seed, plan.reward_warm_start)
     log(f"Round {plan.round_id}: training the reward model ({strategy}) on {len(plan.preferences)} preference pairs "
         f"({plan.new_pairs} new){' from the last one' if strategy == 'full' and plan.reward_warm_start else ''}.")
     pairs = [PreferencePair(*row) for row in plan.preferences]
@@ -313,12 +305,12 @@ def _reward_stage(plan: RoundPlan, base_model: str, config: LoopConfig, record, 
     return str(out_dir)
 
 
-def _check_accuracy(metrics: dict, plan: RoundPlan, config: LoopConfig, record, log: Log) -> None:
+def _check_accuracy(metrics: dict, plan: RoundPlan, config: TrainingConfig, record, log: Log) -> None:
     """Record held-out accuracy with its interval; refuse PPO below the bar or when the interval reaches chance.
 
     round.min_accuracy = 0 turns both refusals off.
     """
-    from rlhf.reward_strategies import votes_to_beat_chance, wilson_interval
+    from rlhf.reward.strategies import votes_to_beat_chance, wilson_interval
 
     accuracy, n_heldout = metrics.get("rm/heldout_accuracy"), int(metrics.get("rm/n_heldout", 0))
     low, high = wilson_interval(accuracy, n_heldout, config.votes.confidence_z) if accuracy is not None else (0, 1)
@@ -346,23 +338,11 @@ def _check_accuracy(metrics: dict, plan: RoundPlan, config: LoopConfig, record, 
         )
 
 
-def ppo_settings(config: LoopConfig, reward_path: str):
-    """config.ppo, with normalised rewards and GAE lambda 1 when round.adapt_ppo_to_head asks for them and the reward
-    model is a head or ensemble (RoundConfig.adapt_ppo_to_head says why)."""
-    from dataclasses import replace
-
-    from rlhf.reward_strategies import saved_strategy
-
-    if not config.round.adapt_ppo_to_head or saved_strategy(reward_path) not in ("head", "ensemble"):
-        return config.ppo
-    return replace(config.ppo, normalize_rewards=True, lam=1.0)
-
-
-def _ppo_stage(plan: RoundPlan, reward_path: str, config: LoopConfig, record, log: Log, store) -> int | None:
+def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record, log: Log, store) -> int | None:
     """Steps 4-5: PPO from the last policy against the first, then save and record the new policy."""
     from accelerate.state import PartialState
 
-    from rlhf.ppo_train import train_ppo
+    from rlhf.ppo.train import train_ppo
 
     record({"round/stage": "ppo"})
     ppo_config = ppo_settings(config, reward_path)
@@ -388,12 +368,11 @@ def _ppo_stage(plan: RoundPlan, reward_path: str, config: LoopConfig, record, lo
     return _broadcast(policy_id)
 
 
-def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: LoopConfig, log: Log,
+def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: TrainingConfig, log: Log,
                  pair_maker: Callable | None, reward_path: str | None = None, record=None) -> int:
     """Step 6: the next batch of pairs from the new policy: a share against an earlier policy, the sample pairs
     chosen where the reward model's bootstrap heads disagree most (over-sampled answers), plus a random share."""
-    from annotate.active_pairs import load_pair_judge, queue_pairs
-    from annotate.pairs import load_policy_model
+    from annotate.policy_pairs import load_pair_judge, load_policy_model, queue_pairs
 
     earlier = plan.actor_policy_id
     n_pairs = config.round.next_pairs

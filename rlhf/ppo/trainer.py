@@ -33,8 +33,8 @@ from rlhf.losses import (
     truncation_penalty,
 )
 from rlhf.generate import encode_prompt, eos_token_ids, left_pad
-from rlhf.ppo_config import PPOConfig
-from rlhf.ppo_experience import (
+from rlhf.ppo.config import PPOConfig
+from rlhf.ppo.experience import (
     Experience,
     ValueHeadCall,
     generate_responses,

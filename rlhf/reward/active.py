@@ -1,7 +1,7 @@
 """Active selection of pairs: from over-sampled answers, queue the pairs the reward model is least sure about.
 
 The round (and the curve bench) over-samples several answers per prompt, forms every pair of distinct answers,
-scores each pair's uncertainty (the spread of the bootstrap heads' P(a > b), rlhf.bt_head.ensemble_disagreement),
+scores each pair's uncertainty (the spread of the bootstrap heads' P(a > b), rlhf.reward.bt_head.ensemble_disagreement),
 and queues the most uncertain ones, at most `max_per_prompt` per prompt so one odd prompt cannot take the batch.
 A share of the batch is drawn uniformly at random instead: those pairs are what an honest held-out estimate
 and a fair comparison with plain random pairs need (pairs chosen for disagreement are harder than average).
@@ -104,7 +104,7 @@ def choose_pairs(model, prompts: Sequence[str], answers_per_prompt: Sequence[Seq
                  random_share: float, seed: int = 0, max_per_prompt: int = 1) -> tuple[list[CandidatePair], Selection]:
     """Candidates of the over-sampled answers and the Selection of n of them by `model.disagreement`.
 
-    `model` is a rlhf.reward_strategies.TrainedPreferenceModel (anything with `.disagreement(prompts, a, b)`).
+    `model` is a rlhf.reward.strategies.TrainedPreferenceModel (anything with `.disagreement(prompts, a, b)`).
     """
     candidates = candidate_pairs(answers_per_prompt)
     if not candidates:

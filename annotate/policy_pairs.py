@@ -1,0 +1,281 @@
+"""Asking a policy for answers: the one module of `annotate/` that loads models (torch, rlhf).
+
+One path makes the pairs people vote on, for the round, the app's pair-making process and `--generate-pairs`:
+`queue_pairs`. Once a round has trained a reward model with bootstrap heads (every strategy saves them) and
+`votes.oversample` is above 2, sample pairs come from over-sampled answers: the candidate pairs the heads disagree on
+most, plus a random share that keeps the held-out estimate honest (rlhf.reward.active). Versus pairs are made as
+always. Before the first round, or with `votes.oversample = 2`, `make_pairs` writes two answers a prompt.
+Pairs are written batch by batch, so annotation can start while later batches are still being generated.
+Everything goes through the Store; this module writes no SQL.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from annotate.pairs import (PairChooser, PairsProgress, PairsReport, add_report, earlier_policy,
+                            merge_generation_stats, select_prompts, usable)
+from annotate.records import NewGeneration, NewPair, Prompt
+from rlhf.generate import Answer, AnswerSampling, generate_answers
+from rlhf.reward.strategies import HEADS_FILE, VotesConfig
+
+OPPONENT_SEED_OFFSET = 1_000_003
+"""Added to the seed for the earlier policy's answers: the same draws for both would make similar policies write
+the same text, and identical pairs are dropped."""
+
+
+def load_policy_model(path: str):
+    """Model and tokenizer of a policy, on the GPU when there is one, in bf16 where the hardware has it."""
+    import torch
+
+    from rlhf.models import default_dtype, load_causal_lm, load_tokenizer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_causal_lm(path, dtype=default_dtype(device)).to(device)
+    return model, load_tokenizer(path)
+
+
+def _model_and_tokenizer(model_path_or_model, tokenizer):
+    """A loaded model as given, or the policy at a path loaded once (its tokenizer unless one is given)."""
+    if isinstance(model_path_or_model, str) or hasattr(model_path_or_model, "__fspath__"):
+        model, loaded_tokenizer = load_policy_model(str(model_path_or_model))
+        return model, tokenizer or loaded_tokenizer
+    return model_path_or_model, tokenizer
+
+
+def make_pairs(
+    store,
+    model_path_or_model,
+    tokenizer,
+    n_pairs: int,
+    policy_id: int,
+    versus_share: float = 0.0,
+    versus_policy_id: int | None = None,
+    versus_model=None,
+    prompt_selection: str = "least_used",
+    sampling: AnswerSampling | None = None,
+    seed: int | None = None,
+    progress: PairsProgress | None = None,
+    show_bar: bool = False,
+) -> PairsReport:
+    """Generate and store up to `n_pairs` pairs from policy `policy_id`, a share of them `versus` pairs.
+
+    `model_path_or_model`: the current policy's model, or a path to load it from once (tokenizer None: loaded
+    from that path). Versus pairs pit it against `versus_policy_id` (default: see `earlier_policy`), loaded
+    from its recorded path unless `versus_model` is given; without an earlier policy every pair is a sample pair.
+    Pairs whose answers are identical or empty are skipped, so fewer than `n_pairs` may be written; fewer are
+    also written when the store holds fewer prompts than asked for (one pair per prompt per call).
+    `seed` fixes the choice of prompts and versus pairs, the order of sample answers and, unless
+    `sampling.seed` is set, the sampling too. Both policies must share one tokenizer (they descend from one base).
+    """
+    if n_pairs < 0:
+        raise ValueError(f"n_pairs must not be negative, got {n_pairs}")
+    if not 0.0 <= versus_share <= 1.0:
+        raise ValueError(f"versus_share must lie between 0 and 1, got {versus_share}")
+    rng = random.Random(seed)
+    sampling = _seeded(sampling, seed)
+    policy = store.policy(policy_id)
+    report = PairsReport(policy_id=policy.id)
+
+    prompts = select_prompts(store, n_pairs, prompt_selection, rng)
+    n_versus = round(len(prompts) * versus_share)
+    opponent = None
+    if n_versus:
+        opponent = store.policy(versus_policy_id) if versus_policy_id is not None else earlier_policy(store, policy)
+        if opponent is None:
+            print(f"No policy earlier than policy {policy.id} (round {policy.round}): making sample pairs only.",
+                  file=sys.stderr)
+            n_versus = 0
+    if not prompts:
+        return report
+
+    model, tokenizer = _model_and_tokenizer(model_path_or_model, tokenizer)
+    if n_versus and versus_model is None:
+        versus_model, _ = load_policy_model(opponent.path)
+    report.versus_policy_id = opponent.id if n_versus else None
+
+    versus_ids = set(rng.sample([p.id for p in prompts], n_versus))
+    chunk_size = max(1, sampling.batch_size // 2)  # a sample pair takes two sequences of a batch
+    bar = tqdm(total=len(prompts), desc="making pairs", unit="prompt", disable=not show_bar)
+    for chunk_index, start in enumerate(range(0, len(prompts), chunk_size)):
+        chunk = prompts[start:start + chunk_size]
+        chunk_sampling = _chunk_sampling(sampling, chunk_index)
+        opponent_sampling = _chunk_sampling(sampling, chunk_index, OPPONENT_SEED_OFFSET)
+        new_pairs = _sample_pairs(model, tokenizer, [p for p in chunk if p.id not in versus_ids], policy.id,
+                                  chunk_sampling, report, rng)
+        versus_prompts = [p for p in chunk if p.id in versus_ids]
+        if versus_prompts:
+            new_pairs += _versus_pairs(model, versus_model, tokenizer, versus_prompts, policy.id, opponent.id,
+                                       chunk_sampling, opponent_sampling, report)
+        store.add_pairs_bulk(new_pairs)
+        report.written += len(new_pairs)
+        report.sample += sum(pair.kind == "sample" for pair in new_pairs)
+        report.versus += sum(pair.kind == "versus" for pair in new_pairs)
+        bar.update(len(chunk))
+        bar.set_postfix(written=report.written)
+        if progress is not None:
+            progress(start + len(chunk), len(prompts))
+    bar.close()
+    return report
+
+
+def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, policy_id: int, chooser: PairChooser,
+                      per_prompt: int = 4, prompts_per_pair: float = 1.5, sampling: AnswerSampling | None = None,
+                      seed: int | None = None, progress: PairsProgress | None = None,
+                      show_bar: bool = False) -> PairsReport:
+    """Over-sample `per_prompt` answers for ceil(n_pairs * prompts_per_pair) least-used prompts; store as `sample`
+    pairs the ones `chooser` picks (the reward model's most uncertain, plus a random share).
+
+    Only the chosen pairs' answers are stored. report.stats["active/uncertain"] counts the pairs chosen for
+    uncertainty (before any were dropped as identical or empty). `seed` fixes the prompts, the choice, the sides and,
+    unless `sampling.seed` is set, the sampling too, as in `make_pairs`.
+    """
+    rng = random.Random(seed)
+    sampling = _seeded(sampling, seed)
+    policy = store.policy(policy_id)
+    report = PairsReport(policy_id=policy.id)
+    prompts = select_prompts(store, math.ceil(n_pairs * prompts_per_pair), "least_used", rng) if n_pairs > 0 else []
+    if not prompts:
+        return report
+    model, tokenizer = _model_and_tokenizer(model_path_or_model, tokenizer)
+    answered = None if progress is None else (lambda done, total: progress(done // per_prompt, len(prompts)))
+    result = generate_answers(model, tokenizer, [p.text for p in prompts], n_per_prompt=per_prompt,
+                              sampling=sampling, progress=answered, show_bar=show_bar)
+    merge_generation_stats(report.stats, result.stats)
+    texts = [[answer.text for answer in answers] for answers in result.answers]
+    picked, n_uncertain = chooser([p.text for p in prompts], texts, n_pairs, rng.randrange(2**31))
+    new_pairs = []
+    for prompt_index, i, j in picked:
+        first, second = result.answers[prompt_index][i], result.answers[prompt_index][j]
+        if not usable(first, second, report):
+            continue
+        a, b = (first, second) if rng.random() < 0.5 else (second, first)
+        new_pairs.append(NewPair(prompts[prompt_index].id, _stored(a, policy.id), _stored(b, policy.id), kind="sample"))
+    store.add_pairs_bulk(new_pairs)
+    report.written = report.sample = len(new_pairs)
+    report.stats["active/uncertain"] = float(n_uncertain)
+    return report
+
+
+def _seeded(sampling: AnswerSampling | None, seed: int | None) -> AnswerSampling:
+    """The settings, with `seed` as the sampling seed when they have none: one seed fixes prompts, sides and draws."""
+    sampling = sampling or AnswerSampling()
+    return replace(sampling, seed=seed) if sampling.seed is None and seed is not None else sampling
+
+
+def _chunk_sampling(sampling: AnswerSampling, chunk_index: int, offset: int = 0) -> AnswerSampling:
+    """The same settings with a seed of its own per chunk (a fixed seed would repeat draws across chunks)."""
+    return replace(sampling, seed=None if sampling.seed is None else sampling.seed + chunk_index + offset)
+
+
+def _sample_pairs(model, tokenizer, prompts: list[Prompt], policy_id: int, sampling: AnswerSampling,
+                  report: PairsReport, rng: random.Random) -> list[NewPair]:
+    if not prompts:
+        return []
+    result = generate_answers(model, tokenizer, [p.text for p in prompts], n_per_prompt=2, sampling=sampling)
+    merge_generation_stats(report.stats, result.stats)
+    pairs = []
+    for prompt, (first, second) in zip(prompts, result.answers):
+        if not usable(first, second, report):
+            continue
+        a, b = (first, second) if rng.random() < 0.5 else (second, first)
+        pairs.append(NewPair(prompt.id, _stored(a, policy_id), _stored(b, policy_id), kind="sample"))
+    return pairs
+
+
+def _versus_pairs(model, versus_model, tokenizer, prompts: list[Prompt], policy_id: int, opponent_id: int,
+                  sampling: AnswerSampling, opponent_sampling: AnswerSampling, report: PairsReport) -> list[NewPair]:
+    texts = [p.text for p in prompts]
+    newer = generate_answers(model, tokenizer, texts, n_per_prompt=1, sampling=sampling)
+    older = generate_answers(versus_model, tokenizer, texts, n_per_prompt=1, sampling=opponent_sampling)
+    merge_generation_stats(report.stats, newer.stats)
+    merge_generation_stats(report.stats, older.stats)
+    pairs = []
+    for prompt, (new,), (old,) in zip(prompts, newer.answers, older.answers):
+        if usable(new, old, report):
+            pairs.append(NewPair(prompt.id, _stored(new, policy_id), _stored(old, opponent_id), kind="versus"))
+    return pairs
+
+
+def _stored(answer: Answer, policy_id: int) -> NewGeneration:
+    return NewGeneration(policy_id=policy_id, text=answer.text, n_tokens=answer.n_tokens,
+                        finish_reason=answer.finish_reason)
+
+
+def has_heads(path: str | None) -> bool:
+    """Whether `path` is a reward model folder with bootstrap heads (what ranks candidate pairs)."""
+    return path is not None and (Path(path) / HEADS_FILE).is_file()
+
+
+def pair_judge_path(store) -> str | None:
+    """The last finished round's reward model folder when it holds bootstrap heads; None before any round."""
+    last = store.last_done_round()
+    path = last.metrics.get("round/reward_model_path") if last is not None else None
+    return path if has_heads(path) else None
+
+
+def load_pair_judge(path: str | None, votes: VotesConfig):
+    """The TrainedPreferenceModel at `path`, whose heads' disagreement ranks candidate pairs; None when there is no
+    such model there or when votes.oversample <= 2 turns the choice off."""
+    if votes.oversample <= 2 or not has_heads(path):
+        return None
+    from rlhf.reward.strategies import TrainedPreferenceModel
+
+    return TrainedPreferenceModel.load(path)
+
+
+def queue_pairs(store, model, tokenizer, n_pairs: int, policy_id: int, votes: VotesConfig, judge=None,
+                versus_share: float = 0.0, versus_policy_id: int | None = None, versus_model=None,
+                sampling: AnswerSampling | None = None, seed: int | None = None,
+                progress: PairsProgress | None = None, show_bar: bool = False) -> PairsReport:
+    """Store up to `n_pairs` pairs from policy `policy_id` (a share `versus_share` against an earlier policy) and
+    report them; the sample pairs are chosen by `judge` (a TrainedPreferenceModel) when there is one and
+    votes.oversample > 2, else drawn at random. report.stats["active/uncertain"] counts the pairs chosen for the
+    judge's disagreement. `model` is the policy's model, or a path to load it from once (tokenizer None)."""
+    model, tokenizer = _model_and_tokenizer(model, tokenizer)
+    if judge is None or votes.oversample <= 2:
+        return make_pairs(store, model, tokenizer, n_pairs, policy_id, versus_share=versus_share,
+                          versus_policy_id=versus_policy_id, versus_model=versus_model, sampling=sampling, seed=seed,
+                          progress=progress, show_bar=show_bar)
+    from rlhf.reward.active import choose_pairs
+
+    n_versus = round(n_pairs * versus_share)
+    report = PairsReport(policy_id=policy_id)
+    if n_versus:
+        def versus_progress(done: int, total: int) -> None:
+            progress(round(done / max(total, 1) * n_versus), n_pairs)
+
+        versus = make_pairs(store, model, tokenizer, n_versus, policy_id, versus_share=1.0,
+                            versus_policy_id=versus_policy_id, versus_model=versus_model, sampling=sampling, seed=seed,
+                            progress=versus_progress if progress else None, show_bar=show_bar)
+        add_report(report, versus)
+        report.versus_policy_id = versus.versus_policy_id
+
+    def chooser(prompts, answers, n, choice_seed):
+        candidates, selection = choose_pairs(judge, prompts, answers, n, votes.random_share, choice_seed)
+        return [(candidates[i].prompt_index, candidates[i].a, candidates[i].b) for i in selection.all], \
+            len(selection.uncertain)
+
+    def active_progress(done: int, total: int) -> None:
+        progress(n_versus + round(done / max(total, 1) * (n_pairs - n_versus)), n_pairs)
+
+    active = make_active_pairs(store, model, tokenizer, n_pairs - n_versus, policy_id, chooser,
+                               per_prompt=votes.oversample, prompts_per_pair=votes.prompts_per_pair, sampling=sampling,
+                               seed=seed, progress=active_progress if progress else None, show_bar=show_bar)
+    add_report(report, active)
+    report.stats["active/uncertain"] = active.stats.get("active/uncertain", 0.0)
+    report.stats["active/candidate_answers"] = active.stats.get("gen/answers", 0.0)
+    return report
+
+
+def policy_answers(policy_path: str, prompts: list[str], sampling: AnswerSampling, per_prompt: int) -> list[str]:
+    """`per_prompt` sampled answers to each prompt, prompt by prompt (each prompt `per_prompt` times in a row)."""
+    model, tokenizer = load_policy_model(policy_path)
+    generated = generate_answers(model, tokenizer, prompts, n_per_prompt=per_prompt, sampling=sampling)
+    return [answer.text for answers in generated.answers for answer in answers]

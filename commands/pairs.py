@@ -1,0 +1,67 @@
+"""`python app.py --generate-pairs N`: pairs from the current policy, with [sampling] and [votes] of the one
+configuration; the annotation app runs the same command as a child process (`--progress-lines`), so the web server
+never loads a model."""
+
+from __future__ import annotations
+
+import sys
+
+from annotate.generation_job import PROGRESS_PREFIX, WRITTEN_PREFIX
+from commands.config import LoopConfig
+
+
+def _fail(message: str) -> int:
+    print(f"app.py --generate-pairs: {message}", file=sys.stderr)
+    return 2
+
+
+def print_progress(done: int, total: int) -> None:
+    print(f"{PROGRESS_PREFIX} {int(done)} {int(total)}", flush=True)
+
+
+def generate_pairs(args, config: LoopConfig) -> int:
+    """N pairs from the current policy (the base model, then recorded as round 0, when the store has no policy yet);
+    sample pairs chosen by the last round's reward model once there is one."""
+    from annotate.policy_pairs import load_pair_judge, pair_judge_path, queue_pairs
+    from annotate.store import Store
+    from rlhf.models import ModelNotFoundError
+
+    try:
+        n_pairs = int(args.generate_pairs)
+    except ValueError:
+        n_pairs = 0
+    if n_pairs < 1:
+        return _fail(f"N must be a positive whole number (pairs to generate), not {args.generate_pairs!r}.")
+    versus_share = args.versus_share
+    if not 0.0 <= versus_share <= 1.0:
+        return _fail(f"--versus-share must lie between 0 and 1 (the share of versus pairs), not {versus_share}.")
+    sampling, votes, db = config.sampling, config.votes, config.app.db
+    with Store(db) as store:
+        if store.count_prompts() == 0:
+            return _fail(f"{db} holds no prompts yet. Import some first, for example the shipped ones: "
+                         "python app.py --import-prompts data/prompts.jsonl")
+        policy = store.ensure_base_policy(config.app.model)
+        print(f"Generating {n_pairs} pairs from policy {policy.id} (round {policy.round}, {policy.path}), "
+              f"{versus_share:.0%} versus pairs, up to {sampling.max_new_tokens} tokens an answer at temperature "
+              f"{sampling.temperature}.", file=sys.stderr)
+        judge_path = pair_judge_path(store)
+        judge = load_pair_judge(judge_path, votes)
+        if judge is not None:
+            print(f"Sample pairs: the {votes.oversample} answers a prompt that the reward model at {judge_path} is "
+                  f"least sure about ({votes.random_share:.0%} at random).", file=sys.stderr)
+        try:
+            report = queue_pairs(store, policy.path, None, n_pairs, policy.id, votes, judge=judge,
+                                 versus_share=versus_share, sampling=sampling, show_bar=not args.progress_lines,
+                                 progress=print_progress if args.progress_lines else None)
+        except ModelNotFoundError as error:
+            return _fail(str(error))
+        stats = report.stats
+        print(f"{report.written} pairs written ({report.sample} sample, {report.versus} versus); skipped "
+              f"{report.skipped_identical} with identical and {report.skipped_empty} with empty answers. "
+              f"{stats.get('gen/finished_share', 0.0):.0%} of answers finished, "
+              f"{stats.get('gen/mean_tokens', 0.0):.0f} tokens on average, "
+              f"{stats.get('gen/tokens_per_s', 0.0):.1f} tokens/s, {stats.get('time/generate_s', 0.0):.0f} s. "
+              f"{store.pairs_waiting()} pairs wait for votes.", file=sys.stderr if args.progress_lines else sys.stdout)
+    if args.progress_lines:
+        print(f"{WRITTEN_PREFIX} {report.written}", flush=True)
+    return 0

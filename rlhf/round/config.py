@@ -1,0 +1,70 @@
+"""The settings a round reads ([round], [reward], [ppo], [sampling], [votes]) and the settings derived from them.
+
+Every derived setting is computed here, once, for every path that needs it: the round, `--train-ppo` and
+`--train-reward` call the same functions, so a head reward model trains the same PPO from the command line as in a
+round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from rlhf.generate import AnswerSampling
+from rlhf.ppo.config import PPOConfig
+from rlhf.reward.strategies import StrategyConfig, VotesConfig, saved_strategy
+from rlhf.reward.train import RewardTrainConfig
+
+
+@dataclass
+class RoundConfig:
+    """What a round does around the trainers."""
+
+    min_new_pairs: int = 16
+    """Refuse a round with fewer new preference pairs than this since the last finished round."""
+    min_accuracy: float = 0.55
+    """Refuse PPO when the reward model's held-out accuracy is below this."""
+    ppo_prompts: int = 64
+    """Prompts PPO trains on per round (sampled from the store, seeded)."""
+    next_pairs: int = 32
+    """Pairs generated for annotation from the new policy at the end of the round."""
+    versus_share: float = 0.25
+    """Share of the next pairs that put the new policy against an earlier one."""
+    adapt_ppo_to_head: bool = True
+    """PPO on a head or ensemble reward model (the few-vote strategies) normalises its scores by their running mean and
+    std (ppo.normalize_rewards) and takes GAE's lambda as 1 (ppo.lam). Cross-validation on few votes picks a strong L2,
+    so raw head scores move by hundredths, little beside the KL penalty; and a mean-pooled head is no value function
+    for the critic it initialises, so lambda 0.95 leaves a 64-token answer's first tokens 0.95^63 = 4% of the reward.
+    Measured (docs/few-votes.md): 32 steps from the default model raised the share of answers with a courtesy word
+    from 10% to 19% with lambda 1 and left it at 11% with 0.95. A "full" reward model (scored at the last token,
+    DeepSpeed-Chat's critic init) keeps [ppo] as set. `--train-ppo` follows it too."""
+    checkpoints_dir: str = "data/checkpoints"
+    """Where reward models and policies of each round are saved, in a folder per database: <dir>/<db name>/round-N."""
+    seed: int = 0
+    """Seed for splits, prompt choice and training."""
+
+
+@dataclass
+class TrainingConfig:
+    """The stages' settings, one dataclass per section of rlhf-loop.toml."""
+
+    round: RoundConfig = field(default_factory=RoundConfig)
+    reward: RewardTrainConfig = field(default_factory=RewardTrainConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    sampling: AnswerSampling = field(default_factory=AnswerSampling)
+    votes: VotesConfig = field(default_factory=VotesConfig)
+    """Reward-model strategy by vote count and active choice of the next pairs (rlhf.reward.strategies)."""
+
+
+def ppo_settings(config: TrainingConfig, reward_model_path: str) -> PPOConfig:
+    """config.ppo, with normalised rewards and GAE lambda 1 when round.adapt_ppo_to_head asks for them and the reward
+    model is a head or ensemble (RoundConfig.adapt_ppo_to_head says why)."""
+    if not config.round.adapt_ppo_to_head or saved_strategy(reward_model_path) not in ("head", "ensemble"):
+        return config.ppo
+    return replace(config.ppo, normalize_rewards=True, lam=1.0)
+
+
+def strategy_settings(config: TrainingConfig, seed: int, warm_start: str | None) -> StrategyConfig:
+    """How the round trains its reward model: [votes] for the heads, [reward] for the split and the "full" strategy,
+    with this round's seed and warm start."""
+    reward = replace(config.reward, warm_start=warm_start, seed=seed, show_progress=True)
+    return StrategyConfig(votes=config.votes, reward=reward, seed=seed)
