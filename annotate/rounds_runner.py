@@ -33,10 +33,10 @@ def bar_label(line: str) -> str:
 class RoundRunner:
     """Starts rounds as child processes, one at a time, and keeps the latest lines of their output."""
 
-    def __init__(self, store: Store, command: Sequence[str] | None, cwd: str | Path | None = None,
+    def __init__(self, store: Store, command: Sequence[str], cwd: str | Path | None = None,
                  auto_every: int = 0, max_log_lines: int = MAX_LOG_LINES):
         self.store = store
-        self.command = list(command) if command is not None else None
+        self.command = list(command)
         self.cwd = str(cwd) if cwd is not None else None
         self.auto_every = max(0, int(auto_every))
         self._lock = threading.Lock()
@@ -48,11 +48,6 @@ class RoundRunner:
         # Votes (no skips) counted when the last round was started here; "every N new votes" counts from it. At
         # start-up the votes since the last finished round already count as new.
         self._votes_at_last_start = store.count_votes_since(None) - store.votes_since_last_round()
-
-    @property
-    def available(self) -> bool:
-        """False while this version of rlhf-loop has no round command (`app.py --train-round` not built yet)."""
-        return self.command is not None
 
     def running(self) -> bool:
         """True while this runner's child process runs."""
@@ -76,8 +71,6 @@ class RoundRunner:
 
     def start(self, started_by: str) -> tuple[bool, str]:
         """Start a round; (started, message for the page)."""
-        if not self.available:
-            return False, "Training is not available yet in this version of rlhf-loop (`app.py --train-round`)."
         with self._lock:
             if self._process is not None and self._process.poll() is None:
                 return False, (f"A round is already running (started by {self._started_by}, "
@@ -108,7 +101,7 @@ class RoundRunner:
 
     def maybe_auto_start(self) -> bool:
         """Start a round when auto-start is on and enough new votes came in; True when one was started."""
-        if self.auto_every <= 0 or not self.available or self.running():
+        if self.auto_every <= 0 or self.running():
             return False
         if self.new_votes() < self.auto_every:
             return False
@@ -148,8 +141,6 @@ class RoundRunner:
 
     def status_text(self) -> str:
         """One line for the admin page."""
-        if not self.available:
-            return "Training is not available yet in this version of rlhf-loop."
         with self._lock:
             process = self._process
             started_by = self._started_by

@@ -190,12 +190,10 @@ def read_guidelines(path: Path) -> str:
         return f"(No guidelines yet: write them in `{path}`.)"
 
 
-def build_app(store: Store, generator: PairGenerator, config: AppConfig | None = None,
-              runner: RoundRunner | None = None) -> gr.Blocks:
-    """The whole app. `generator` writes pairs to the store (a fake in tests); `runner` starts training rounds
-    (None: training is not available in this build)."""
+def build_app(store: Store, generator: PairGenerator, runner: RoundRunner, config: AppConfig | None = None) -> gr.Blocks:
+    """The whole app. `generator` writes pairs to the store (a child process; a fake in tests); `runner` starts
+    training rounds as child processes."""
     config = config or AppConfig()
-    runner = runner or RoundRunner(store, command=None)
     for admin in config.admins:
         store.set_role(admin, "admin")
     job = GenerationJob(generator)

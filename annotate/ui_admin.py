@@ -104,8 +104,6 @@ class AdminHandlers:
     def set_auto_every(self, every: float | None, session: Session, request: gr.Request | None = None) -> str:
         if refused := self.refusal(session, request):
             return refused
-        if not self.runner.available:
-            return "Training is not available yet in this version of rlhf-loop, so rounds cannot auto-start."
         try:
             self.runner.set_auto_every(int(every or 0))
         except ValueError as error:
@@ -172,12 +170,10 @@ def build_admin_tab(handlers: AdminHandlers, session: gr.State, config: AppConfi
     with gr.Accordion("Training rounds", open=True):
         round_status = gr.Markdown(elem_id="round-status")
         with gr.Row():
-            start_round = gr.Button("Start a round now", variant="primary", elem_id="start-round",
-                                    interactive=handlers.runner.available)
+            start_round = gr.Button("Start a round now", variant="primary", elem_id="start-round")
             auto_every = gr.Number(handlers.runner.auto_every, precision=0, minimum=0,
-                                   label="Auto-start a round every N new votes (0 = off)",
-                                   interactive=handlers.runner.available)
-            auto_button = gr.Button("Save auto-start", interactive=handlers.runner.available)
+                                   label="Auto-start a round every N new votes (0 = off)")
+            auto_button = gr.Button("Save auto-start")
         round_message = gr.Markdown(elem_id="round-message")
         round_log = gr.Textbox(label="Round log", lines=12, max_lines=20, interactive=False, autoscroll=True,
                                elem_id="round-log")

@@ -31,7 +31,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from annotate.records import Answer, NewPair  # noqa: E402
+from annotate.records import NewGeneration, NewPair  # noqa: E402
 from annotate.store import Store  # noqa: E402
 
 CHOICES = ("left", "right", "tie", "both_bad", "skip")
@@ -56,8 +56,8 @@ def seed_database(path: Path, n_pairs: int, seed: int) -> None:
         store.add_prompts([f"Load test prompt {i}: explain something useful in a few words." for i in range(n_pairs)])
         policy = store.add_policy(0, "bench")
 
-        def answer() -> Answer:
-            return Answer(policy, " ".join(rng.choice(ANSWER_WORDS) for _ in range(60)), 80, "eos")
+        def answer() -> NewGeneration:
+            return NewGeneration(policy, " ".join(rng.choice(ANSWER_WORDS) for _ in range(60)), 80, "eos")
 
         store.add_pairs_bulk([NewPair(p.id, answer(), answer()) for p in store.prompts()])
 

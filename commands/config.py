@@ -27,7 +27,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from rlhf.round.config import TrainingConfig
-from rlhf.sft.train import SFTConfig
+from rlhf.sft.config import SFTConfig
 
 DEFAULT_CONFIG_FILE = "rlhf-loop.toml"
 

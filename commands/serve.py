@@ -69,7 +69,7 @@ def serve(args, config: LoopConfig) -> int:
     # page): with many votes that becomes the largest cost of a vote. Summarise once per 1000 events instead.
     os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "1000")
     os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "1000")
-    demo = build_app(store, generator, app_config, runner)
+    demo = build_app(store, generator, runner, app_config)
     demo.queue(default_concurrency_limit=None)
     print(f"Annotation app on http://{settings.host}:{settings.port} (database {config.app.db}); Ctrl-C stops it.",
           file=sys.stderr)

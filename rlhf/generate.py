@@ -32,34 +32,10 @@ from tqdm.auto import tqdm
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from rlhf.models import format_prompt
+from rlhf.sampling import AnswerSampling
 
 ProgressCallback = Callable[[int, int], None]
 """Called as progress(done, total) after each batch (answers generated so far, answers planned)."""
-
-
-@dataclass
-class AnswerSampling:
-    """How answers are sampled."""
-
-    max_new_tokens: int = 512
-    """Limit on generated tokens per answer; an answer that reaches it without EOS finishes with "length"."""
-    temperature: float = 0.7
-    """Softmax temperature; 0 means greedy decoding (no sampling)."""
-    top_p: float = 0.95
-    """Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p (1.0 keeps all)."""
-    top_k: int = 0
-    """Keep only the k most likely tokens before sampling (0 disables it)."""
-    repetition_penalty: float = 1.1
-    """CTRL's penalty on tokens already in the answer (the prompt is not counted: its words and the chat
-    template's EOS stay free); applied after top-p picked the nucleus. 1.0 disables it; 1.2 already derails."""
-    batch_size: int = 16
-    """Sequences generated together in one left-padded batch."""
-    seed: int | None = None
-    """Seed for sampling, applied on a forked RNG so the caller's random state is left alone; None: not seeded."""
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0
 
 
 @dataclass(frozen=True)
@@ -127,16 +103,29 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
     return tokenizer(text, add_special_tokens=add_special)["input_ids"]
 
 
-def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token lists into (ids, mask), both (B, L); left so that every row's next token goes at the end."""
+def pad_sequences(sequences: list[list[int]], pad_id: int, side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad token lists into (ids, mask), both (B, L), mask 1 on real tokens. Left (the default) puts every row's
+    next token at the end, as generation needs; right keeps every row's first token at position 0."""
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', not {side!r}")
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # (B, L)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)  # (B, L)
     for row, tokens in enumerate(sequences):
         if tokens:
-            ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
-            mask[row, width - len(tokens):] = 1
+            span = slice(0, len(tokens)) if side == "right" else slice(width - len(tokens), width)
+            ids[row, span] = torch.tensor(tokens, dtype=torch.long)
+            mask[row, span] = 1
     return ids, mask
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions 0, 1, 2, ... counted over real tokens only, so a padded row gets the positions it has unpadded
+    (left padding does not shift RoPE). Padding gets 1, as transformers' `generate` gives it: any valid index
+    works, padded keys are masked out of attention.  (B, L) -> (B, L)
+    """
+    position_ids = attention_mask.long().cumsum(-1) - 1  # (B, L)
+    return position_ids.masked_fill(attention_mask == 0, 1)  # (B, L)
 
 
 def response_mask_until_eos(response_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +157,7 @@ def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], samplin
     """
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    prompt_ids, prompt_mask = left_pad(prompt_token_ids, pad_id)  # (B, P), (B, P)
+    prompt_ids, prompt_mask = pad_sequences(prompt_token_ids, pad_id)  # (B, P), (B, P) left-padded
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     processors = LogitsProcessorList()

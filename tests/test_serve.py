@@ -1,14 +1,19 @@
-"""`python app.py` (serve): refusing unsafe exposure, auth files, seeding an empty database, the round command."""
+"""`python app.py` (serve): refusing unsafe exposure, auth files, seeding an empty database, the children it starts
+(rounds and pair making) with its own configuration."""
 
 import json
+import sys
 
 import pytest
 
 import app
 from annotate.serve import (
-    ServeError, check_exposure, is_local_host, password_checker, read_auth_file, round_command, seed_prompts,
+    ServeError, check_exposure, is_local_host, password_checker, read_auth_file, seed_prompts,
 )
+from annotate.generation_job import ChildProcessPairGenerator
 from annotate.store import Store
+from commands.config import load_config
+from commands.serve import child_command, write_child_config
 
 
 def test_local_hosts():
@@ -66,12 +71,35 @@ def test_seed_prompts_only_on_an_empty_database(tmp_path):
         assert "is missing: import prompts in the Admin tab" in seed_prompts(store, tmp_path / "none.jsonl")
 
 
-def test_round_command_follows_the_table_of_commands(monkeypatch):
-    monkeypatch.setattr(app, "COMMANDS", [("--train-round", None, "", None)])
-    assert round_command("d.db", "default") is None
-    monkeypatch.setattr(app, "COMMANDS", [("--train-round", None, "", "rlhf.round.run:main")])
-    command = round_command("d.db", "default")
-    assert command[1].endswith("app.py") and command[2:] == ["--train-round", "--db", "d.db", "--model", "default"]
+def test_children_of_the_app_read_the_apps_own_configuration(tmp_path):
+    config = load_config(None, ["sampling.temperature=0.3", f"app.db={tmp_path / 'team.db'}", "serve.admins=[\"ann\"]"],
+                         default_file=None)
+    path = write_child_config(config)
+    assert path == tmp_path / "team.db.serve.toml"
+    command = child_command(path, "--generate-pairs", "4")
+    assert command[0] == sys.executable and command[1].endswith("app.py")
+    assert command[2:] == ["--generate-pairs", "4", "--config", str(path)]
+    again = load_config(path, [], default_file=None)
+    assert again.as_dict() == config.as_dict() and again.sampling.temperature == 0.3
+
+
+def test_pairs_from_a_child_process_report_progress_and_the_pairs_written(tmp_path):
+    child = tmp_path / "child.py"
+    child.write_text("print('loading the model', flush=True)\n"
+                     "for done in (2, 4):\n    print(f'pairs-progress {done} 4', flush=True)\n"
+                     "print('pairs-written 3')\n")
+    seen = []
+    generator = ChildProcessPairGenerator(lambda n, share: [sys.executable, str(child), str(n), str(share)])
+    assert generator.generate(4, 0.0, lambda done, total: seen.append((done, total))) == 3
+    assert seen == [(2, 4), (4, 4)] and list(generator.log) == ["loading the model"]
+
+
+def test_a_failing_pair_child_raises_with_its_last_words(tmp_path):
+    child = tmp_path / "child.py"
+    child.write_text("import sys\nprint('app.py --generate-pairs: no such model: nope', file=sys.stderr)\nsys.exit(2)\n")
+    generator = ChildProcessPairGenerator(lambda n, share: [sys.executable, str(child)])
+    with pytest.raises(RuntimeError, match="exited with code 2: app.py --generate-pairs: no such model: nope"):
+        generator.generate(4, 0.0, lambda done, total: None)
 
 
 def test_python_app_py_serves_the_vote_api_that_the_load_bench_drives(capsys):
@@ -82,3 +110,37 @@ def test_python_app_py_serves_the_vote_api_that_the_load_bench_drives(capsys):
     assert load_bench(["--annotators", "2", "--votes", "4", "--think-s", "0"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (summary["votes"], summary["lost"], summary["duplicated"], summary["errors"]) == (4, 0, 0, 0)
+
+
+@pytest.mark.slow
+def test_the_server_process_loads_no_torch_while_its_child_makes_the_first_pairs(tmp_path, tiny_model_dir):
+    # The real `python app.py` on a fresh database: the first batch is made by a child process on the tiny model, and
+    # the server itself (what answers votes) never maps torch's library.
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from bench.annotate_load import free_port, wait_until_up
+
+    root = Path(__file__).resolve().parents[1]
+    db, port = tmp_path / "app.db", free_port()
+    with open(tmp_path / "app.log", "w") as log:
+        server = subprocess.Popen(
+            [sys.executable, str(root / "app.py"), "--db", str(db), "--port", str(port), "--model", str(tiny_model_dir),
+             "--first-batch", "2", "--set", "sampling.max_new_tokens=8"],
+            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_until_up(f"http://127.0.0.1:{port}/", server)
+            deadline = time.monotonic() + 120
+            pairs = 0
+            while pairs < 1 and time.monotonic() < deadline and server.poll() is None:
+                time.sleep(0.5)
+                with Store(db) as store:
+                    pairs = store.count_pairs()
+            maps = Path(f"/proc/{server.pid}/maps").read_text()
+        finally:
+            server.terminate()
+            server.wait(10)
+    assert pairs >= 1, (tmp_path / "app.log").read_text()[-2000:]
+    assert "libtorch" not in maps
+    assert (tmp_path / "app.db.serve.toml").is_file()

@@ -48,6 +48,11 @@ def seed_pairs(store: Store, n: int) -> None:
     ])
 
 
+def idle_runner(store: Store) -> RoundRunner:
+    """A round runner whose "round" only prints a line (a stand-in for `app.py --train-round`)."""
+    return RoundRunner(store, [sys.executable, "-c", "print('round')"])
+
+
 @pytest.fixture
 def app_parts():
     """A store with 3 pairs and the three handler objects, wired as build_app wires them."""
@@ -55,7 +60,7 @@ def app_parts():
         seed_pairs(store, 3)
         config = AppConfig()
         job = GenerationJob(FakeGenerator(store))
-        runner = RoundRunner(store, command=None)
+        runner = idle_runner(store)
         yield SimpleNamespace(store=store, config=config, job=job, runner=runner,
                               annotate=AnnotateHandlers(store, config, job, runner),
                               admin=AdminHandlers(store, config, job, runner))
@@ -154,9 +159,9 @@ def test_first_person_to_sign_in_becomes_admin_and_is_told(app_parts):
 def test_admins_named_at_start_stop_the_first_sign_in_rule():
     with Store(":memory:") as store:
         seed_pairs(store, 1)
-        build_app(store, FakeGenerator(store), AppConfig(admins=("carol",)))
+        build_app(store, FakeGenerator(store), idle_runner(store), AppConfig(admins=("carol",)))
         handlers = AnnotateHandlers(store, AppConfig(admins=("carol",)), GenerationJob(FakeGenerator(store)),
-                                    RoundRunner(store, None))
+                                    idle_runner(store))
         handlers.sign_in("alice", Session())
         assert {a.name: a.role for a in store.annotators()} == {"carol": "admin", "alice": "annotator"}
 
@@ -249,13 +254,6 @@ def test_admin_exports_preferences_as_jsonl(app_parts):
     assert app_parts.admin.export("csv", alice) == (None, "Export format must be one of jsonl, parquet.")
 
 
-def test_rounds_are_not_available_until_the_round_command_exists(app_parts):
-    alice, _ = signed_in(app_parts, "alice")
-    assert "not available yet" in app_parts.admin.start_round(alice)
-    assert "not available yet" in app_parts.admin.set_auto_every(3, alice)
-    assert "not available yet" in app_parts.runner.status_text()
-
-
 def script(tmp_path, source: str) -> list[str]:
     """A command running `source` with this Python (a stand-in for `app.py --train-round`)."""
     path = tmp_path / "fake_round.py"
@@ -316,7 +314,7 @@ def test_first_start_generates_a_batch_in_the_background():
     with Store(":memory:") as store:
         store.add_prompts(["a", "b", "c"])
         generator = FakeGenerator(store)
-        build_app(store, generator, AppConfig(first_batch_pairs=2))
+        build_app(store, generator, idle_runner(store), AppConfig(first_batch_pairs=2))
         deadline = time.monotonic() + 10
         while store.count_pairs() < 2 and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -13,9 +11,10 @@ from accelerate import Accelerator
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from rlhf.models import ModelNotFoundError, load_causal_lm, load_tokenizer
-from rlhf.ppo.trainer import PPOConfig, PPOTrainer, make_accelerator
-from rlhf.reward.model import RewardModel, is_reward_model_dir
+from rlhf.models import load_causal_lm, load_tokenizer
+from rlhf.distributed import make_accelerator
+from rlhf.ppo.trainer import PPOConfig, PPOTrainer
+from rlhf.reward.model import RewardModel
 
 HEAD_NAMES = {"lm_head", "v_head", "score"}
 """Output layers: trained in full or kept frozen, never given adapters."""

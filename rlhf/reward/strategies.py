@@ -26,63 +26,16 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from rlhf.generate import pad_sequences, position_ids_from_mask
+from rlhf.losses import masked_mean
 from rlhf.reward import bt_head
 from rlhf.reward.model import MARKER_FILE, RewardModel, load_reward_model, load_reward_tokenizer
-from rlhf.reward.data import PairLike, PreferencePair, split_pairs, tokenize_pairs
-from rlhf.reward.train import RewardTrainConfig, train_reward_model
+from rlhf.reward.data import PairLike, PreferencePair, TokenizedPair, split_pairs, tokenize_pairs
+from rlhf.reward.config import STRATEGIES, StrategyConfig, VotesConfig
+from rlhf.reward.train import train_reward_model
 
-STRATEGIES = ("head", "ensemble", "full")
-DEFAULT_FEATURE = "mean@2"
-"""The frozen feature of the head strategies: bench/reward_curve.py (25% flips, 10 splits) had the answer-mean of
-layer 2 best at 200 votes (courteous annotator 72%, polite 63%), layer 3 a point behind, the last token at chance."""
 HEADS_FILE = "bt_heads.safetensors"
 STRATEGY_FILE = "preference_strategy.json"
-
-
-@dataclass
-class StrategyConfig:
-    """How a preference model is trained from votes (any strategy); rlhf.round.config.strategy_settings builds the
-    round's from [votes] and [reward], so no setting is declared twice."""
-
-    votes: "VotesConfig" = field(default_factory=lambda: VotesConfig())
-    """feature, n_heads and cv_folds of the head strategies."""
-    reward: RewardTrainConfig = field(default_factory=lambda: RewardTrainConfig(show_progress=False))
-    """heldout_fraction and max_length of every strategy, and the "full" strategy's training settings (model and
-    out_dir are set by train_strategy)."""
-    seed: int = 0
-    """Seeds the split, the folds and the bootstrap."""
-    batch_size: int = 16
-    """Answers per forward pass when extracting features."""
-
-
-@dataclass
-class VotesConfig:
-    """The [votes] section of rlhf-loop.toml: which reward-model strategy a round uses and how it picks pairs."""
-
-    strategy: str = "auto"
-    """"auto" (by vote count, from bench/reward_curve.py: one head on `feature`), or always "head", "ensemble" or
-    "full"."""
-    full_from_votes: int = 1_000_000
-    """With "auto": fine-tune all weights from this many votes on. Off: full fine-tuning sat at chance at 89 votes
-    (issue 8) and the curve bench could not afford it on CPU."""
-    ensemble_from_votes: int = 1_000_000
-    """With "auto": the mean of bootstrap heads from this many votes on. Off: on mean@2 the single cross-validated
-    head was 1.2-1.9 points ahead of the ensemble from 128 votes on (the heads are fitted either way, for the
-    disagreement that chooses the next pairs)."""
-    feature: str = DEFAULT_FEATURE
-    """Frozen feature of the head strategies, "pooling@layer" (every one exports as the RewardModel PPO uses)."""
-    n_heads: int = 8
-    """Bootstrap heads (disagreement for active selection; the "ensemble" score)."""
-    cv_folds: int = 5
-    """Cross-validation folds choosing the head's L2 strength."""
-    oversample: int = 4
-    """Answers per prompt when choosing the next sample pairs; 2 turns active selection off (one pair a prompt)."""
-    prompts_per_pair: float = 1.5
-    """Prompts over-sampled per sample pair wanted (each gives at most one pair): room to choose among prompts."""
-    random_share: float = 0.25
-    """Share of the actively chosen batch drawn at random instead (keeps the held-out estimate honest)."""
-    confidence_z: float = 1.96
-    """z of the interval on held-out accuracy; PPO is refused when its lower end is below chance (0.5)."""
 
 
 def choose_strategy(n_votes: int, config: VotesConfig) -> str:
@@ -173,30 +126,18 @@ class FeatureExtractor:
     @torch.inference_mode()
     def compute(self, prompts: Sequence[str], answers: Sequence[str], features: Sequence[str]) -> dict:
         """{feature: (N, D)} for several features from one pass per batch (uncached: the bench stores its own)."""
-        from rlhf.reward.model import position_ids_from_mask
-
         n_layers = self.reward_model.backbone.config.num_hidden_layers
         specs = {f: parse_feature(canonical_feature(f, n_layers)) for f in features}
         inner = any(layer != -1 for _, layer in specs.values())
         tokenized = tokenize_pairs(self.tokenizer, [PreferencePair(p, a, a) for p, a in zip(prompts, answers)],
                                    self.max_length)
-        rows = [(t.prompt_ids + t.chosen_answer_ids, len(t.prompt_ids)) for t in tokenized]
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))  # similar lengths batch with little padding
-        out = {f: [None] * len(rows) for f in features}
-        pad = self.tokenizer.pad_token_id
+        order = sorted(range(len(tokenized)), key=lambda i: len(tokenized[i].chosen_ids))  # little padding a batch
+        out = {f: [None] * len(tokenized) for f in features}
         device = next(self.reward_model.parameters()).device
         for start in range(0, len(order), self.batch_size):
             batch = order[start:start + self.batch_size]
-            width = max(len(rows[i][0]) for i in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, L) right-padded
-            mask = torch.zeros((len(batch), width), dtype=torch.long)  # (B, L)
-            answer_mask = torch.zeros((len(batch), width))  # (B, L) 1 on answer tokens (EOS included)
-            for r, i in enumerate(batch):
-                tokens, prompt_len = rows[i]
-                ids[r, :len(tokens)] = torch.tensor(tokens)
-                mask[r, :len(tokens)] = 1
-                answer_mask[r, prompt_len:len(tokens)] = 1
-            ids, mask = ids.to(device), mask.to(device)
+            ids, mask, answer_mask = _pad_tokenized([tokenized[i] for i in batch], self.tokenizer.pad_token_id)
+            ids, mask = ids.to(device), mask.to(device)  # (B, L) right-padded; answer_mask stays on the CPU
             output = self.reward_model.backbone(
                 input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
                 output_hidden_states=inner, use_cache=False,
@@ -209,7 +150,7 @@ class FeatureExtractor:
                 if pooling == "last":
                     pooled = hidden[torch.arange(len(batch)), last.cpu()]  # (B, D)
                 else:
-                    pooled = (hidden * answer_mask.unsqueeze(-1)).sum(1) / answer_mask.sum(1, keepdim=True)  # (B, D)
+                    pooled = masked_mean(hidden, answer_mask.unsqueeze(-1), dim=1)  # (B, D)
                 for r, i in enumerate(batch):
                     out[name][i] = pooled[r].clone()
         return {name: torch.stack(values) for name, values in out.items()}  # (N, D) each
@@ -305,16 +246,14 @@ def pad_answers(tokenizer, prompts: Sequence[str], answers: Sequence[str], max_l
     """(input_ids, attention_mask, answer_mask), each (N, L): prompt + answer + EOS tokenised as the reward
     model's training data is, padded on `side`; answer_mask is 1 on the answer's tokens (EOS included)."""
     tokenized = tokenize_pairs(tokenizer, [PreferencePair(p, a, a) for p, a in zip(prompts, answers)], max_length)
-    width = max(len(t.chosen_ids) for t in tokenized)
-    ids = torch.full((len(tokenized), width), tokenizer.pad_token_id, dtype=torch.long)  # (N, L)
-    attention_mask = torch.zeros((len(tokenized), width), dtype=torch.long)  # (N, L)
-    answer_mask = torch.zeros((len(tokenized), width), dtype=torch.long)  # (N, L)
-    for row, pair in enumerate(tokenized):
-        start = 0 if side == "right" else width - len(pair.chosen_ids)
-        ids[row, start:start + len(pair.chosen_ids)] = torch.tensor(pair.chosen_ids)
-        attention_mask[row, start:start + len(pair.chosen_ids)] = 1
-        answer_mask[row, start + len(pair.prompt_ids):start + len(pair.chosen_ids)] = 1
-    return ids, attention_mask, answer_mask
+    return _pad_tokenized(tokenized, tokenizer.pad_token_id, side)
+
+
+def _pad_tokenized(tokenized: Sequence[TokenizedPair], pad_id: int, side: str = "right"):
+    """pad_answers' three (N, L) tensors from pairs already tokenised (their chosen answer is the one scored)."""
+    ids, attention_mask = pad_sequences([t.chosen_ids for t in tokenized], pad_id, side)  # (N, L) each
+    answer_flags = [[0] * len(t.prompt_ids) + [1] * len(t.chosen_answer_ids) for t in tokenized]
+    return ids, attention_mask, pad_sequences(answer_flags, 0, side)[0]  # answer_mask (N, L)
 
 
 @torch.inference_mode()

@@ -8,100 +8,29 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from rlhf.distributed import make_accelerator
 from rlhf.losses import pairwise_loss
-from rlhf.models import ModelNotFoundError
+from rlhf.reward.config import RewardTrainConfig
 from rlhf.reward.model import RewardModel, load_reward_model, load_reward_tokenizer
 from rlhf.reward.data import (
     PairCollator,
     PairLike,
     PreferenceDataError,
-    load_preference_file,
     split_pairs,
     tokenize_pairs,
 )
 
 DEFAULT_CHECKPOINT_DIR = Path("data/checkpoints")
-
-
-@dataclass
-class RewardTrainConfig:
-    """Settings of one reward-model training run (defaults suit a few hundred pairs on a small model)."""
-
-    model: str = "default"
-    """Causal LM to start from when there is no warm start: the base model or an SFT policy (name or folder)."""
-    warm_start: str | None = None
-    """Folder of a previous reward model to continue from (the last round's); None starts from `model`."""
-    out_dir: str | None = None
-    """Where to save the trained model; None saves nothing (the caller keeps `result.model`)."""
-    learning_rate: float = 2e-5
-    """Peak learning rate of AdamW (reached after warmup)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    epochs: int = 1
-    """Passes over the training pairs."""
-    max_steps: int | None = None
-    """Stop after this many optimizer steps even before `epochs` are done (benchmarks); None: no limit."""
-    batch_size: int = 8
-    """Pairs per forward pass (each pass holds 2 x batch_size sequences: chosen, then rejected)."""
-    grad_accum: int = 1
-    """Forward passes whose gradients add up before one optimizer step."""
-    max_length: int = 512
-    """Tokens per sequence (prompt + answer + EOS); longer ones lose the prompt's start first."""
-    loss_form: Literal["divergence", "last_token"] = "divergence"
-    """Pairwise loss: DeepSpeed-Chat's mean over the diverging positions, or TRL's last-token scores."""
-    margin: float = 0.0
-    """Margin in -log sigmoid(r_chosen - r_rejected - margin)."""
-    center_coef: float = 0.0
-    """Reward centering: adds center_coef * mean((r_chosen + r_rejected)^2) to keep scores near 0."""
-    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    """Decay after the warmup: cosine or linear to 0, or constant."""
-    warmup_ratio: float = 0.1
-    """Share of the optimizer steps spent warming the learning rate up linearly from 0."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this; 0 turns clipping off."""
-    heldout_fraction: float = 0.1
-    """Share of pairs held out (a seeded split by pair) to measure accuracy on pairs never trained on."""
-    min_pairs: int = 8
-    """Refuse to train on fewer preference pairs than this."""
-    seed: int = 0
-    """Seeds the split, the head's initialisation and the shuffling."""
-    eval_batch_size: int = 16
-    """Pairs per forward pass when measuring held-out accuracy."""
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    """auto: bf16 autocast where the hardware has bf16 arithmetic (CUDA, CPUs with AVX512-BF16 or AMX), else fp32
-    (or what `accelerate launch` was configured with); weights and AdamW stay fp32."""
-    freeze_backbone: bool = False
-    """Train the value head only, on the frozen decoder's features."""
-    share_prompt: bool = True
-    """Run each pair's prompt once for both answers (a KV cache feeds both): the same loss and gradients from
-    ~20% fewer tokens; bench/reward_train.py on the idle 2-core CPU: 1.45 pairs/s against 1.15 without."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass: less memory, about a third more compute (turns share_prompt off)."""
-    show_progress: bool = True
-    """Show a tqdm bar on the terminal (main process only)."""
-
-    def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "max_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1 (or None), got {self.max_steps}.")
-        if self.loss_form not in ("divergence", "last_token"):
-            raise ValueError(f"loss_form must be 'divergence' or 'last_token', got {self.loss_form!r}.")
-        if not 0.0 <= self.heldout_fraction < 1.0:
-            raise ValueError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}.")
 
 
 @dataclass
@@ -122,13 +51,6 @@ class RewardTrainResult:
 def default_out_dir() -> Path:
     """data/checkpoints/reward-<timestamp>."""
     return DEFAULT_CHECKPOINT_DIR / f"reward-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-def build_accelerator(config: RewardTrainConfig):
-    """An Accelerator in the precision the config asks for (see rlhf.distributed.make_accelerator)."""
-    from rlhf.distributed import make_accelerator
-
-    return make_accelerator(config.mixed_precision)
 
 
 def pair_metrics(loss: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
@@ -212,7 +134,7 @@ def train_reward_model(
             "Collect more votes (ties, 'both bad' and skips do not count), or pass a larger --data file."
         )
     train_pairs, heldout_pairs = split_pairs(pairs, config.heldout_fraction, config.seed)
-    accelerator = build_accelerator(config)
+    accelerator = make_accelerator(config.mixed_precision)
     set_seed(config.seed)
     tokenizer = load_reward_tokenizer(config.warm_start, config.model)
     model = load_reward_model(config.warm_start, config.model)

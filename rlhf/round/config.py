@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from rlhf.generate import AnswerSampling
 from rlhf.ppo.config import PPOConfig
-from rlhf.reward.strategies import StrategyConfig, VotesConfig, saved_strategy
-from rlhf.reward.train import RewardTrainConfig
+from rlhf.reward.config import RewardTrainConfig, StrategyConfig, VotesConfig
+from rlhf.sampling import AnswerSampling
 
 
 @dataclass
@@ -58,6 +57,8 @@ class TrainingConfig:
 def ppo_settings(config: TrainingConfig, reward_model_path: str) -> PPOConfig:
     """config.ppo, with normalised rewards and GAE lambda 1 when round.adapt_ppo_to_head asks for them and the reward
     model is a head or ensemble (RoundConfig.adapt_ppo_to_head says why)."""
+    from rlhf.reward.strategies import saved_strategy  # torch: only when a round or --train-ppo runs
+
     if not config.round.adapt_ppo_to_head or saved_strategy(reward_model_path) not in ("head", "ensemble"):
         return config.ppo
     return replace(config.ppo, normalize_rewards=True, lam=1.0)

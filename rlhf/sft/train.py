@@ -13,7 +13,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from rlhf.generate import encode_prompt
+from rlhf.generate import encode_prompt, pad_sequences
+from rlhf.sft.config import SFTConfig
 
 IGNORE_INDEX = -100
 """Label of positions that carry no loss (prompt and padding), as torch's cross_entropy expects."""
@@ -35,30 +35,6 @@ SFTProgress = Callable[[int, int, float], None]
 
 class SFTDataError(ValueError):
     """Demonstration data that cannot be used; the message names the file and line and says what to fix."""
-
-
-@dataclass
-class SFTConfig:
-    """Settings of one SFT run."""
-
-    learning_rate: float = 5e-5
-    """AdamW peak learning rate (reference 004 suggests about 5e-5 for 1 to 3 epochs)."""
-    epochs: int = 2
-    """Passes over the demonstrations; more overfits, which narrows what PPO can explore later."""
-    batch_size: int = 8
-    """Examples per forward pass (per process)."""
-    gradient_accumulation_steps: int = 1
-    """Forward passes whose gradients add up to one optimizer step."""
-    max_length: int = 512
-    """Longest prompt + answer in tokens; longer examples lose the start of the prompt, then the end of the answer."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    warmup_ratio: float = 0.1
-    """Share of the optimizer steps over which the learning rate rises linearly from 0, before a linear decay."""
-    max_grad_norm: float = 1.0
-    """Gradients are clipped to this global norm."""
-    seed: int = 0
-    """Seed of the shuffling and of any dropout."""
 
 
 @dataclass
@@ -134,14 +110,8 @@ def encode_example(tokenizer, prompt: str, response: str, max_length: int) -> tu
 
 def collate_right_padded(encoded: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad (ids, labels) lists into input_ids, attention_mask, labels, each (B, L); labels -100 on padding."""
-    width = max(len(ids) for ids, _ in encoded)
-    input_ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)  # (B, L)
-    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)  # (B, L)
-    labels = torch.full((len(encoded), width), IGNORE_INDEX, dtype=torch.long)  # (B, L)
-    for row, (ids, row_labels) in enumerate(encoded):
-        input_ids[row, :len(ids)] = torch.tensor(ids)
-        attention_mask[row, :len(ids)] = 1
-        labels[row, :len(row_labels)] = torch.tensor(row_labels)
+    input_ids, attention_mask = pad_sequences([ids for ids, _ in encoded], pad_id, side="right")  # (B, L) each
+    labels, _ = pad_sequences([row_labels for _, row_labels in encoded], IGNORE_INDEX, side="right")  # (B, L)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 

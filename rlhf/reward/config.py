@@ -1,0 +1,126 @@
+"""The reward model's settings ([reward] and [votes] of rlhf-loop.toml), importable without torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+STRATEGIES = ("head", "ensemble", "full")
+DEFAULT_FEATURE = "mean@2"
+"""The frozen feature of the head strategies: bench/reward_curve.py (25% flips, 10 splits) had the answer-mean of
+layer 2 best at 200 votes (courteous annotator 72%, polite 63%), layer 3 a point behind, the last token at chance."""
+
+
+@dataclass
+class RewardTrainConfig:
+    """Settings of one reward-model training run (defaults suit a few hundred pairs on a small model)."""
+
+    model: str = "default"
+    """Causal LM to start from when there is no warm start: the base model or an SFT policy (name or folder)."""
+    warm_start: str | None = None
+    """Folder of a previous reward model to continue from (the last round's); None starts from `model`."""
+    out_dir: str | None = None
+    """Where to save the trained model; None saves nothing (the caller keeps `result.model`)."""
+    learning_rate: float = 2e-5
+    """Peak learning rate of AdamW (reached after warmup)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    epochs: int = 1
+    """Passes over the training pairs."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps even before `epochs` are done (benchmarks); None: no limit."""
+    batch_size: int = 8
+    """Pairs per forward pass (each pass holds 2 x batch_size sequences: chosen, then rejected)."""
+    grad_accum: int = 1
+    """Forward passes whose gradients add up before one optimizer step."""
+    max_length: int = 512
+    """Tokens per sequence (prompt + answer + EOS); longer ones lose the prompt's start first."""
+    loss_form: Literal["divergence", "last_token"] = "divergence"
+    """Pairwise loss: DeepSpeed-Chat's mean over the diverging positions, or TRL's last-token scores."""
+    margin: float = 0.0
+    """Margin in -log sigmoid(r_chosen - r_rejected - margin)."""
+    center_coef: float = 0.0
+    """Reward centering: adds center_coef * mean((r_chosen + r_rejected)^2) to keep scores near 0."""
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay after the warmup: cosine or linear to 0, or constant."""
+    warmup_ratio: float = 0.1
+    """Share of the optimizer steps spent warming the learning rate up linearly from 0."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this; 0 turns clipping off."""
+    heldout_fraction: float = 0.1
+    """Share of pairs held out (a seeded split by pair) to measure accuracy on pairs never trained on."""
+    min_pairs: int = 8
+    """Refuse to train on fewer preference pairs than this."""
+    seed: int = 0
+    """Seeds the split, the head's initialisation and the shuffling."""
+    eval_batch_size: int = 16
+    """Pairs per forward pass when measuring held-out accuracy."""
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    """auto: bf16 autocast where the hardware has bf16 arithmetic (CUDA, CPUs with AVX512-BF16 or AMX), else fp32
+    (or what `accelerate launch` was configured with); weights and AdamW stay fp32."""
+    freeze_backbone: bool = False
+    """Train the value head only, on the frozen decoder's features."""
+    share_prompt: bool = True
+    """Run each pair's prompt once for both answers (a KV cache feeds both): the same loss and gradients from
+    ~20% fewer tokens; bench/reward_train.py on the idle 2-core CPU: 1.45 pairs/s against 1.15 without."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute (turns share_prompt off)."""
+    show_progress: bool = True
+    """Show a tqdm bar on the terminal (main process only)."""
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "max_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1 (or None), got {self.max_steps}.")
+        if self.loss_form not in ("divergence", "last_token"):
+            raise ValueError(f"loss_form must be 'divergence' or 'last_token', got {self.loss_form!r}.")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}.")
+
+
+@dataclass
+class VotesConfig:
+    """The [votes] section of rlhf-loop.toml: which reward-model strategy a round uses and how it picks pairs."""
+
+    strategy: str = "auto"
+    """"auto" (by vote count, from bench/reward_curve.py: one head on `feature`), or always "head", "ensemble" or
+    "full"."""
+    full_from_votes: int = 1_000_000
+    """With "auto": fine-tune all weights from this many votes on. Off: full fine-tuning sat at chance at 89 votes
+    (issue 8) and the curve bench could not afford it on CPU."""
+    ensemble_from_votes: int = 1_000_000
+    """With "auto": the mean of bootstrap heads from this many votes on. Off: on mean@2 the single cross-validated
+    head was 1.2-1.9 points ahead of the ensemble from 128 votes on (the heads are fitted either way, for the
+    disagreement that chooses the next pairs)."""
+    feature: str = DEFAULT_FEATURE
+    """Frozen feature of the head strategies, "pooling@layer" (every one exports as the RewardModel PPO uses)."""
+    n_heads: int = 8
+    """Bootstrap heads (disagreement for active selection; the "ensemble" score)."""
+    cv_folds: int = 5
+    """Cross-validation folds choosing the head's L2 strength."""
+    oversample: int = 4
+    """Answers per prompt when choosing the next sample pairs; 2 turns active selection off (one pair a prompt)."""
+    prompts_per_pair: float = 1.5
+    """Prompts over-sampled per sample pair wanted (each gives at most one pair): room to choose among prompts."""
+    random_share: float = 0.25
+    """Share of the actively chosen batch drawn at random instead (keeps the held-out estimate honest)."""
+    confidence_z: float = 1.96
+    """z of the interval on held-out accuracy; PPO is refused when its lower end is below chance (0.5)."""
+
+
+@dataclass
+class StrategyConfig:
+    """How a preference model is trained from votes (any strategy); rlhf.round.config.strategy_settings builds the
+    round's from [votes] and [reward], so no setting is declared twice."""
+
+    votes: VotesConfig = field(default_factory=VotesConfig)
+    """feature, n_heads and cv_folds of the head strategies."""
+    reward: RewardTrainConfig = field(default_factory=lambda: RewardTrainConfig(show_progress=False))
+    """heldout_fraction and max_length of every strategy, and the "full" strategy's training settings (model and
+    out_dir are set by train_strategy)."""
+    seed: int = 0
+    """Seeds the split, the folds and the bootstrap."""
+    batch_size: int = 16
+    """Answers per forward pass when extracting features."""
