@@ -1,0 +1,331 @@
+"""Rules of the import graph, read from the source with `ast` (nothing is imported to check them).
+
+- no circles among the project's modules (app, commands.*, annotate.*, rlhf.*); a package's __init__ importing its
+  own submodules (or they it) is not a circle;
+- nothing imports `app`;
+- `annotate.*` never imports rlhf, commands, torch, transformers, accelerate or peft, except
+  `annotate.policy_pairs`, the one module that asks a policy for answers;
+- `rlhf.*` never imports commands or annotate, except `rlhf.round.*`, which may use `annotate.store` and
+  `annotate.policy_pairs`;
+- no private helper (`_name`) is imported from another module;
+- no file of app.py, commands/, annotate/, rlhf/ is over MAX_LINES lines.
+Each failure names the importing module, its file and line, and what it imports.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("commands", "annotate", "rlhf")
+MAX_LINES = 420
+MODEL_LIBRARIES = ("torch", "transformers", "accelerate", "peft")
+ANNOTATE_MAY_LOAD_MODELS = {"annotate.policy_pairs"}
+ROUND_MAY_IMPORT = ("annotate.store", "annotate.policy_pairs")
+DYNAMIC_TARGET = re.compile(r"^((?:app|commands|annotate|rlhf)(?:\.\w+)*):\w+$")
+"""A "module:function" string (app.py's command table), which app.py imports with importlib."""
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    """The importing module."""
+    path: str
+    """Its file, relative to the root."""
+    line: int
+    module: str
+    """The module imported (absolute: relative imports are resolved)."""
+    names: tuple[str, ...] = ()
+    """The names of `from module import names` (empty for `import module`)."""
+
+    def where(self) -> str:
+        what = f"from {self.module} import {', '.join(self.names)}" if self.names else f"import {self.module}"
+        return f"{self.importer} ({self.path}:{self.line}): {what}"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def project_files(root: Path) -> dict[str, Path]:
+    """Module name -> file, for app.py and every .py file under commands/, annotate/ and rlhf/."""
+    files = [root / "app.py"] if (root / "app.py").is_file() else []
+    for package in PACKAGES:
+        if (root / package).is_dir():
+            files += sorted((root / package).rglob("*.py"))
+    return {module_name(path, root): path for path in files}
+
+
+def imports_of(name: str, path: Path, root: Path) -> list[Import]:
+    """Every import statement of the file (at any depth: inside functions too), plus importlib.import_module("x")
+    calls and "module:function" strings naming a project module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    relative = str(path.relative_to(root))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [Import(name, relative, node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([module] if module else []))
+            found.append(Import(name, relative, node.lineno, module, tuple(alias.name for alias in node.names)))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == \
+                "import_module" and node.args and isinstance(node.args[0], ast.Constant) and \
+                isinstance(node.args[0].value, str):
+            found.append(Import(name, relative, node.lineno, node.args[0].value))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                (match := DYNAMIC_TARGET.match(node.value)):
+            found.append(Import(name, relative, node.lineno, match.group(1)))
+    return found
+
+
+def all_imports(root: Path) -> list[Import]:
+    return [imp for name, path in project_files(root).items() for imp in imports_of(name, path, root)]
+
+
+def own_targets(imp: Import, known: set[str]) -> set[str]:
+    """The project modules an import runs: the module (or its closest known package) and, for `from package import
+    x`, the submodule package.x when there is one."""
+    targets = set()
+    for candidate in [imp.module] + [f"{imp.module}.{name}" for name in imp.names]:
+        while candidate and candidate not in known:
+            candidate = candidate.rpartition(".")[0]
+        if candidate:
+            targets.add(candidate)
+    return targets
+
+
+def is_package_and_own_submodule(a: str, b: str, files: dict[str, Path]) -> bool:
+    """a package's __init__ importing its own submodule, or a submodule importing its own package."""
+    return (b.startswith(a + ".") and files[a].name == "__init__.py") or \
+        (a.startswith(b + ".") and files[b].name == "__init__.py")
+
+
+def import_graph(root: Path) -> dict[str, dict[str, list[Import]]]:
+    """importer -> imported project module -> the imports that make the edge."""
+    files = project_files(root)
+    known = set(files)
+    graph: dict[str, dict[str, list[Import]]] = {name: {} for name in files}
+    for imp in all_imports(root):
+        for target in own_targets(imp, known):
+            if target != imp.importer and not is_package_and_own_submodule(imp.importer, target, files):
+                graph[imp.importer].setdefault(target, []).append(imp)
+    return graph
+
+
+def strongly_connected(graph: dict[str, dict]) -> list[list[str]]:
+    """Tarjan's components of more than one module (or a module importing itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in graph[node]:
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph[node]:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def circle_violations(root: Path) -> list[str]:
+    graph = import_graph(root)
+    problems = []
+    for component in strongly_connected(graph):
+        edges = [imp.where() for a in component for b, imps in sorted(graph[a].items()) if b in component
+                 for imp in imps]
+        problems.append(f"import circle among {', '.join(component)}:\n    " + "\n    ".join(edges))
+    return problems
+
+
+def imports_app_violations(root: Path) -> list[str]:
+    return [f"{imp.where()} -- nothing may import app" for imp in all_imports(root)
+            if imp.module == "app" or imp.module.startswith("app.")]
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _within(module: str, prefixes) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
+
+
+def layer_violations(root: Path) -> list[str]:
+    problems = []
+    for imp in all_imports(root):
+        imported = {imp.module} | {f"{imp.module}.{name}" for name in imp.names}
+        if _top(imp.importer) == "annotate" and imp.importer not in ANNOTATE_MAY_LOAD_MODELS:
+            if _top(imp.module) in ("rlhf", "commands", *MODEL_LIBRARIES):
+                problems.append(f"{imp.where()} -- annotate/ must not import rlhf, commands or model libraries "
+                                f"(only {', '.join(sorted(ANNOTATE_MAY_LOAD_MODELS))} asks a policy for answers)")
+        elif _top(imp.importer) == "rlhf" and _top(imp.module) in ("commands", "annotate"):
+            allowed = _within(imp.importer, ["rlhf.round"]) and \
+                (_within(imp.module, ROUND_MAY_IMPORT) or
+                 (imp.module == "annotate" and all(_within(m, ROUND_MAY_IMPORT) for m in imported - {"annotate"})))
+            if not allowed:
+                problems.append(f"{imp.where()} -- rlhf/ must not import commands or annotate (only rlhf.round.* "
+                                f"may use {' and '.join(ROUND_MAY_IMPORT)})")
+    return problems
+
+
+def private_import_violations(root: Path) -> list[str]:
+    return [f"{imp.where()} -- imports the private helper(s) "
+            f"{', '.join(n for n in imp.names if n.startswith('_') and not n.startswith('__'))} of another module"
+            for imp in all_imports(root)
+            if any(name.startswith("_") and not name.startswith("__") for name in imp.names)]
+
+
+def long_file_violations(root: Path, max_lines: int = MAX_LINES) -> list[str]:
+    problems = []
+    for name, path in project_files(root).items():
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > max_lines:
+            problems.append(f"{name} ({path.relative_to(root)}) has {lines} lines, over {max_lines}")
+    return problems
+
+
+def all_violations(root: Path) -> list[str]:
+    return (circle_violations(root) + imports_app_violations(root) + layer_violations(root)
+            + private_import_violations(root) + long_file_violations(root))
+
+
+# The rules on this repository.
+
+def test_the_checker_sees_the_project():
+    files = project_files(REPO)
+    assert {"app", "commands.config", "annotate.store", "annotate.policy_pairs", "rlhf.round.run"} <= set(files)
+    graph = import_graph(REPO)
+    assert "commands.config" in graph["commands.flags"]
+    assert "commands.serve" in graph["app"]  # through app.py's "module:function" command table
+    assert "annotate.store" in graph["rlhf.round.run"]
+
+
+def test_no_import_circles():
+    problems = circle_violations(REPO)
+    assert not problems, "\n".join(problems)
+
+
+def test_nothing_imports_app():
+    problems = imports_app_violations(REPO)
+    assert not problems, "\n".join(problems)
+
+
+def test_annotate_and_rlhf_keep_to_their_layers():
+    problems = layer_violations(REPO)
+    assert not problems, "\n".join(problems)
+
+
+def test_no_private_helper_is_imported_from_another_module():
+    problems = private_import_violations(REPO)
+    assert not problems, "\n".join(problems)
+
+
+def test_no_file_is_over_the_line_limit():
+    problems = long_file_violations(REPO)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_app_server_modules_do_not_import_torch():
+    """The annotation server never loads a model; importing its modules must not pull torch in either."""
+    code = ("import annotate.store, annotate.ui, annotate.serve, annotate.generation_job, annotate.pairs, "
+            "commands.serve; import sys; print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", (
+        "importing the app server's modules imports torch; find the chain with "
+        f"`python -X importtime -c \"{code}\" 2>&1 | grep -B5 'torch$'`")
+
+
+# The checker fails on bad code.
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+GOOD_TREE = {
+    "app.py": 'COMMANDS = [("--x", "commands.work:run")]\n',
+    "commands/__init__.py": "",
+    "commands/work.py": "from annotate.store import Store\nfrom rlhf.models import load\n",
+    "annotate/__init__.py": "",
+    "annotate/store/__init__.py": "from annotate.store.core import Store\n",
+    "annotate/store/core.py": "from annotate.store import sql\n",
+    "annotate/store/sql.py": "",
+    "annotate/policy_pairs.py": "import torch\nfrom rlhf.models import load\n",
+    "rlhf/__init__.py": "",
+    "rlhf/models.py": "import torch\nimport transformers\n",
+    "rlhf/round/__init__.py": "",
+    "rlhf/round/run.py": "from annotate.store import Store\n\ndef f():\n    from annotate.policy_pairs import x\n",
+}
+
+
+def test_the_checker_passes_a_good_tree(tmp_path):
+    _write(tmp_path, GOOD_TREE)
+    assert all_violations(tmp_path) == []
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"annotate/bad.py": "from rlhf.models import load\n"},
+     "annotate.bad (annotate/bad.py:1): from rlhf.models import load"),
+    ({"annotate/bad.py": "def f():\n    import torch\n"}, "annotate.bad (annotate/bad.py:2): import torch"),
+    ({"annotate/bad.py": "from commands import work\n"}, "annotate.bad (annotate/bad.py:1): from commands import work"),
+    ({"annotate/bad.py": "from peft import LoraConfig\n"}, "annotate.bad (annotate/bad.py:1): from peft"),
+    ({"rlhf/bad.py": "from annotate.store import Store\n"}, "rlhf.bad (rlhf/bad.py:1): from annotate.store"),
+    ({"rlhf/round/bad.py": "from annotate.ui import build_app\n"},
+     "rlhf.round.bad (rlhf/round/bad.py:1): from annotate.ui import build_app"),
+    ({"rlhf/round/bad.py": "from annotate import ui\n"},
+     "rlhf.round.bad (rlhf/round/bad.py:1): from annotate import ui"),
+    ({"rlhf/bad.py": "import commands.work\n"}, "rlhf.bad (rlhf/bad.py:1): import commands.work"),
+    ({"rlhf/bad.py": "import app\n"}, "rlhf.bad (rlhf/bad.py:1): import app -- nothing may import app"),
+    ({"commands/bad.py": "from annotate.store.core import _helper\n"},
+     "commands.bad (commands/bad.py:1): from annotate.store.core import _helper -- imports the private helper"),
+    ({"commands/a.py": "from commands.b import f\n", "commands/b.py": "def g():\n    from commands import a\n"},
+     ("import circle among commands.a, commands.b:\n    commands.a (commands/a.py:1): from commands.b import f\n"
+      "    commands.b (commands/b.py:2): from commands import a")),
+    ({"rlhf/a.py": "from . import b\n", "rlhf/b.py": "from .a import x\n"},
+     "import circle among rlhf.a, rlhf.b"),
+    ({"annotate/big.py": "x = 1\n" * (MAX_LINES + 1)},
+     f"annotate.big (annotate/big.py) has {MAX_LINES + 1} lines, over {MAX_LINES}"),
+])
+def test_the_checker_reports_a_bad_tree(tmp_path, files, expected):
+    _write(tmp_path, {**GOOD_TREE, **files})
+    problems = all_violations(tmp_path)
+    assert any(expected in problem for problem in problems), "\n".join(problems) or "nothing reported"
