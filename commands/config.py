@@ -120,8 +120,15 @@ def _jsonable(values: dict) -> dict:
     return json.loads(json.dumps(values, default=str))
 
 
-def _coerce(value: Any, current: Any, where: str) -> Any:
-    """Turn a TOML or command-line value into the type of the field's current value."""
+UNSET_WORDS = ("none", "None", "null")
+"""What `--set section.key=none` writes to unset a key whose default is unset (a warm start, a seed)."""
+
+
+def _coerce(value: Any, current: Any, where: str, optional: bool = False) -> Any:
+    """Turn a TOML or command-line value into the type of the field's current value; `optional` fields (default
+    None) are unset again by the words of UNSET_WORDS, even after a file set them."""
+    if optional and value in UNSET_WORDS:
+        return None
     if isinstance(value, str) and not isinstance(current, str):
         try:
             value = json.loads(value) if value not in ("None", "none") else None
@@ -149,10 +156,11 @@ def set_value(config: LoopConfig, section: str, key: str, value: Any, where: str
     if section not in sections:
         raise ConfigError(f"{where}: unknown section [{section}]; sections are {', '.join(sorted(sections))}")
     stage = getattr(config, section)
-    keys = {f.name for f in dataclasses.fields(stage)}
-    if key not in keys:
-        raise ConfigError(f"{where}: unknown key {section}.{key}; keys are {', '.join(sorted(keys))}")
-    setattr(stage, key, _coerce(value, getattr(stage, key), f"{where}: {section}.{key}"))
+    fields = {f.name: f for f in dataclasses.fields(stage)}
+    if key not in fields:
+        raise ConfigError(f"{where}: unknown key {section}.{key}; keys are {', '.join(sorted(fields))}")
+    optional = fields[key].default is None
+    setattr(stage, key, _coerce(value, getattr(stage, key), f"{where}: {section}.{key}", optional))
 
 
 def _apply_file(config: LoopConfig, path: Path) -> None:
@@ -204,6 +212,13 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     return json.dumps(value)
+
+
+def unset_overrides(config: LoopConfig) -> list[str]:
+    """`section.key=none` for every unset value: TOML cannot say "unset", so a child given the configuration as a file
+    also gets these, lest rlhf-loop.toml set what the parent had unset."""
+    return [f"{section}.{key}=none" for section, values in config.as_dict().items()
+            for key, value in values.items() if value is None]
 
 
 def config_as_toml(config: LoopConfig) -> str:

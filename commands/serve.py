@@ -17,7 +17,7 @@ from annotate.serve import SHIPPED_GUIDELINES, ServeError, check_exposure, passw
 from annotate.store import Store
 from annotate.ui import build_app
 from annotate.ui_session import AppConfig
-from commands.config import LoopConfig, config_as_toml
+from commands.config import LoopConfig, config_as_toml, unset_overrides
 
 APP_PATH = Path(__file__).resolve().parents[1] / "app.py"
 
@@ -31,9 +31,11 @@ def write_child_config(config: LoopConfig) -> Path:
     return path
 
 
-def child_command(config_file: Path, *command: str) -> list[str]:
-    """`python app.py COMMAND... --config FILE`: a child of the app with the app's own configuration."""
-    return [sys.executable, str(APP_PATH), *command, "--config", str(config_file)]
+def child_command(config_file: Path, config: LoopConfig, *command: str) -> list[str]:
+    """`python app.py COMMAND... --config FILE [--set KEY=none ...]`: a child of the app with the app's own
+    configuration (FILE from write_child_config)."""
+    unset = [argument for override in unset_overrides(config) for argument in ("--set", override)]
+    return [sys.executable, str(APP_PATH), *command, "--config", str(config_file), *unset]
 
 
 def serve(args, config: LoopConfig) -> int:
@@ -51,11 +53,11 @@ def serve(args, config: LoopConfig) -> int:
     if message := seed_prompts(store):
         print(message, file=sys.stderr)
     config_file = write_child_config(config)
-    runner = RoundRunner(store, child_command(config_file, "--train-round"), cwd=os.getcwd(),
+    runner = RoundRunner(store, child_command(config_file, config, "--train-round"), cwd=os.getcwd(),
                          auto_every=settings.auto_round_every)
     generator = ChildProcessPairGenerator(
-        lambda n_pairs, versus_share: child_command(config_file, "--generate-pairs", str(n_pairs), "--versus-share",
-                                                    str(versus_share), "--progress-lines"),
+        lambda n_pairs, versus_share: child_command(config_file, config, "--generate-pairs", str(n_pairs),
+                                                    "--versus-share", str(versus_share), "--progress-lines"),
         cwd=os.getcwd())
     if passwords is not None:
         # People in the auth file exist from the start, so an admin can set roles before they first sign in.
