@@ -393,3 +393,13 @@ def test_train_ppo_keeps_plain_ppo_when_the_round_would_not_adapt_it(ws, monkeyp
     assert got["ppo"] == plain and (got["ppo"].normalize_rewards, got["ppo"].lam) == (False, 0.95)
     assert app.main([*base, "--reward-model", ws.reward_dir]) == 0  # a reward model of --train-reward: no strategy
     assert got["ppo"] == plain
+
+
+def test_the_configuration_reference_in_docs_is_written_from_the_fields():
+    from commands.config_reference import DOC_PATH, MARKER, reference_tables
+
+    text = DOC_PATH.read_text(encoding="utf-8")
+    assert MARKER in text, "docs/configuration.md lost its marker: run python -m commands.config_reference"
+    assert text.split(MARKER)[1].strip() == reference_tables().strip(), \
+        "docs/configuration.md is out of date: run python -m commands.config_reference"
+    assert "| `kl_ctl` | `0.1` |" in text and "| `db` | `\"data/rlhf-loop.db\"` | `--db` |" in text
