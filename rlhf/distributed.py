@@ -82,10 +82,28 @@ def _forget_other_precision(precision: str | None) -> None:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 
-
 def is_main_process() -> bool:
     """Whether this is the process that talks to the user and writes files and the database: the lone process, or
     rank 0 of the processes `accelerate launch` / `torchrun` started (after `join_launched_processes`)."""
     from accelerate.state import PartialState
 
     return PartialState().is_main_process
+
+
+def wait_for_everyone() -> None:
+    """Block until every launched process gets here (returns at once in a single process)."""
+    from accelerate.state import PartialState
+
+    PartialState().wait_for_everyone()
+
+
+def broadcast_from_main(value):
+    """The main process's `value` (any picklable object) on every process; `value` itself in a single process."""
+    from accelerate.state import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    if PartialState().num_processes == 1:
+        return value
+    box = [value]
+    broadcast_object_list(box, from_process=0)
+    return box[0]

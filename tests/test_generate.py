@@ -10,7 +10,9 @@ from rlhf.generate import (
     encode_prompt,
     generate_answers,
     generate_tokens,
-    left_pad,
+    pad_sequences,
+    pad_sequences as left_pad,  # the default side is left
+    position_ids_from_mask,
     response_mask_until_eos,
 )
 from rlhf.models import load_causal_lm, load_tokenizer
@@ -134,6 +136,19 @@ def test_left_pad_puts_padding_first():
     ids, mask = left_pad([[7, 8, 9], [4]], pad_id=0)
     assert ids.tolist() == [[7, 8, 9], [0, 0, 4]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_pad_sequences_on_the_right_keeps_each_row_at_position_zero():
+    ids, mask = pad_sequences([[7, 8, 9], [4]], pad_id=0, side="right")
+    assert ids.tolist() == [[7, 8, 9], [4, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_position_ids_count_real_tokens_from_zero_and_give_padding_one():
+    # left-padded row: real tokens at 2, 3, 4 -> 0, 1, 2; right-padded row: 0, 1, 2 then padding.
+    # Padding gets 1, as transformers' generate gives it (any valid index: padded keys are masked).
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]])
+    assert position_ids_from_mask(mask).tolist() == [[1, 1, 0, 1, 2], [0, 1, 2, 1, 1]]
 
 
 SHIPPED_PROMPTS = [  # of data/prompts.jsonl; at the defaults the model ended all 4 answers in under 300 tokens

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import GenerationConfig
 
-from rlhf.generate import response_mask_until_eos
+from rlhf.generate import position_ids_from_mask, response_mask_until_eos
 from rlhf.losses import entropy_from_logits, gather_log_probs
 
 Tensor = torch.Tensor
@@ -58,15 +58,6 @@ class Experience:
     def select(self, index: Tensor) -> "Experience":
         """The rows `index` of every field (a mini-batch); prompt and response widths are kept."""
         return Experience(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
-
-
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    """Positions counted over real tokens only, as `generate` does, so left padding does not shift RoPE.
-
-    Padding positions get 1 (any value works: they are masked). (B, L) -> (B, L)
-    """
-    position_ids = attention_mask.long().cumsum(-1) - 1  # (B, L)
-    return position_ids.masked_fill(attention_mask == 0, 1)  # (B, L)
 
 
 def sampling_config(

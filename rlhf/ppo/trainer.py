@@ -18,8 +18,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from rlhf import distributed
-
+from rlhf.distributed import make_accelerator
 from rlhf.losses import (
     AdaptiveKLController,
     FixedKLController,
@@ -32,7 +31,7 @@ from rlhf.losses import (
     masked_whiten,
     truncation_penalty,
 )
-from rlhf.generate import encode_prompt, eos_token_ids, left_pad
+from rlhf.generate import encode_prompt, eos_token_ids, pad_sequences
 from rlhf.ppo.config import PPOConfig
 from rlhf.ppo.experience import (
     Experience,
@@ -45,11 +44,6 @@ from rlhf.ppo.experience import (
 )
 
 Tensor = torch.Tensor
-
-
-def make_accelerator(mixed_precision: str = "auto") -> Accelerator:
-    """PPO's Accelerator (see rlhf.distributed.make_accelerator): auto is bf16 where CUDA supports it, else fp32."""
-    return distributed.make_accelerator(mixed_precision)
 
 
 class PPOTrainer:
@@ -110,7 +104,7 @@ class PPOTrainer:
     def encode_prompts(self, prompts: list[str]) -> dict[str, Tensor]:
         """Prompts as generation and SFT encode them, cut to their last max_prompt_length tokens, left-padded."""
         encoded = [encode_prompt(self.tokenizer, prompt)[-self.config.max_prompt_length:] for prompt in prompts]
-        input_ids, attention_mask = left_pad(encoded, self.tokenizer.pad_token_id)  # (B, P) each
+        input_ids, attention_mask = pad_sequences(encoded, self.tokenizer.pad_token_id)  # (B, P) each, left-padded
         device = self.accelerator.device
         return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
 

@@ -17,6 +17,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from rlhf.generate import pad_sequences
 from rlhf.models import format_prompt
 
 REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
@@ -225,21 +226,11 @@ class PairCollator:
     def __call__(self, pairs: Sequence[TokenizedPair]) -> dict[str, torch.Tensor]:
         if not self.share_prompt:
             rows = [pair.chosen_ids for pair in pairs] + [pair.rejected_ids for pair in pairs]
-            input_ids, attention_mask = self.pad(rows, side="right")  # (2B, L), (2B, L)
+            input_ids, attention_mask = pad_sequences(rows, self.pad_token_id, side="right")  # (2B, L), (2B, L)
             return {"input_ids": input_ids, "attention_mask": attention_mask}
         answers = [pair.chosen_answer_ids for pair in pairs] + [pair.rejected_answer_ids for pair in pairs]
-        answer_ids, answer_mask = self.pad(answers, side="right")  # (2B, A), (2B, A)
-        prompt_ids, prompt_mask = self.pad([pair.prompt_ids for pair in pairs], side="left")  # (B, P), (B, P)
+        answer_ids, answer_mask = pad_sequences(answers, self.pad_token_id, side="right")  # (2B, A), (2B, A)
+        prompts = [pair.prompt_ids for pair in pairs]
+        prompt_ids, prompt_mask = pad_sequences(prompts, self.pad_token_id, side="left")  # (B, P), (B, P)
         return {"input_ids": answer_ids, "attention_mask": answer_mask, "prompt_ids": prompt_ids,
                 "prompt_mask": prompt_mask}
-
-    def pad(self, rows: Sequence[list[int]], side: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows of token ids -> (ids, mask), both (len(rows), longest row), padded on `side`."""
-        length = max(len(row) for row in rows)
-        ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)  # (N, L)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)  # (N, L)
-        for index, row in enumerate(rows):
-            span = slice(0, len(row)) if side == "right" else slice(length - len(row), length)
-            ids[index, span] = torch.tensor(row, dtype=torch.long)
-            mask[index, span] = 1
-        return ids, mask

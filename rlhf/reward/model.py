@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, PreTrainedModel
 
+from rlhf.generate import position_ids_from_mask
 from rlhf.losses import last_token_scores, masked_mean
 from rlhf.models import ModelNotFoundError, load_causal_lm, load_tokenizer
 
@@ -57,11 +58,6 @@ class RewardOutput:
 def is_reward_model_dir(path: str | os.PathLike) -> bool:
     """True when `path` is a folder written by `RewardModel.save_pretrained`."""
     return (Path(path) / MARKER_FILE).is_file()
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """0, 1, 2, ... counted over real tokens only, so a left-padded row gets the positions it has unpadded.  (B, L)"""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
 
 
 class PassThroughNorm(nn.Module):

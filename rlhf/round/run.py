@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from annotate.store import Store
+from rlhf.distributed import broadcast_from_main, is_main_process, wait_for_everyone
 from rlhf.round.config import TrainingConfig, ppo_settings, strategy_settings
 
 Log = Callable[[str], None]
@@ -203,26 +204,11 @@ def _silent(message: str) -> None:
     """The log of the processes other than the main one."""
 
 
-def _broadcast(value):
-    """The main process's `value` on every process (a no-op in a single process)."""
-    from accelerate.state import PartialState
-    from accelerate.utils import broadcast_object_list
-
-    if PartialState().num_processes == 1:
-        return value
-    box = [value]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
-
-
 def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log: Log = print,
               exclude_prompts: set[str] | None = None,
               pair_maker: Callable | None = None) -> RoundResult:
     """Run one round end to end (steps 1-6 of DESIGN.md "The round"); raises RoundRefused with the reason."""
-    from accelerate.state import PartialState
-
-    state = PartialState()
-    is_main = state.is_main_process
+    is_main = is_main_process()
     if not is_main:
         log = _silent  # every process runs the stages; one tells the user about them
     store = Store(db_path) if is_main else None
@@ -235,7 +221,7 @@ def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log:
         except RoundRefused as error:
             refusal = error
             lock.release()
-    plan, refusal = _broadcast((plan, refusal))  # the refusal itself, so every process raises the same kind
+    plan, refusal = broadcast_from_main((plan, refusal))  # the refusal itself, so every process raises the same kind
     if refusal is not None:
         raise refusal
     started = time.perf_counter()
@@ -260,7 +246,7 @@ def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log:
             record({"round/pairs_generated": made, "round/seconds": time.perf_counter() - started,
                     "round/stage": "done"})
             store.finish_round(plan.round_id)
-        state.wait_for_everyone()
+        wait_for_everyone()
     except BaseException as error:
         if is_main:
             store.fail_round(plan.round_id, f"{type(error).__name__}: {error}")
@@ -275,8 +261,6 @@ def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log:
 def _reward_stage(plan: RoundPlan, base_model: str, config: TrainingConfig, record, log: Log) -> str:
     """Step 3: train the reward model on every preference with the strategy the vote count calls for
     (rlhf.reward.strategies), then refuse PPO on a model that cannot be told from chance."""
-    from accelerate.state import PartialState
-
     from rlhf.reward.data import PreferencePair
     from rlhf.reward.strategies import choose_strategy, train_strategy
 
@@ -296,10 +280,10 @@ def _reward_stage(plan: RoundPlan, base_model: str, config: TrainingConfig, reco
     pairs = [PreferencePair(*row) for row in plan.preferences]
     model = train_strategy(strategy, pairs, plan.reference_path, strategy_config,
                            on_progress=lambda m: record({"rm/live_" + k.split("/")[-1]: v for k, v in m.items()}))
-    if PartialState().is_main_process:
+    if is_main_process():
         model.save(staging)
         _publish(staging, out_dir)
-    PartialState().wait_for_everyone()
+    wait_for_everyone()
     _check_accuracy(model.metrics, plan, config, record, log)
     record({"round/reward_model_path": str(out_dir)})
     return str(out_dir)
@@ -340,8 +324,6 @@ def _check_accuracy(metrics: dict, plan: RoundPlan, config: TrainingConfig, reco
 
 def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record, log: Log, store) -> int | None:
     """Steps 4-5: PPO from the last policy against the first, then save and record the new policy."""
-    from accelerate.state import PartialState
-
     from rlhf.ppo.train import train_ppo
 
     record({"round/stage": "ppo"})
@@ -359,13 +341,13 @@ def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record
     result = train_ppo(plan.actor_path, reward_path, plan.ppo_prompts, ppo_config, staging,
                        reference_path=plan.reference_path, critic_path=reward_path, on_step=on_step)
     policy_id = None
-    if PartialState().is_main_process:
+    if is_main_process():
         target = _publish(staging, Path(plan.out_dir) / "policy")
         policy_id = store.add_policy(plan.policy_round, str(target), parent_id=plan.actor_policy_id)
         record({**_summarise_ppo(result.history), "round/policy_id": policy_id,
                 "round/policy_path": str(target)})
         log(f"Round {plan.round_id}: saved policy {policy_id} (round {plan.policy_round}) to {target}.")
-    return _broadcast(policy_id)
+    return broadcast_from_main(policy_id)
 
 
 def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: TrainingConfig, log: Log,
