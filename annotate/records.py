@@ -134,6 +134,18 @@ class Vote:
 
 
 @dataclass(frozen=True)
+class VoteOutcome:
+    """What submitting a vote did."""
+
+    recorded: bool
+    """True when this call wrote the vote; False when the annotator's earlier vote on the pair stands."""
+    choice: str
+    """The choice now stored for this annotator and pair: this call's, or the earlier one that stands."""
+    demonstration_id: int | None = None
+    """The better answer written with this vote, when one was given and stored."""
+
+
+@dataclass(frozen=True)
 class Annotator:
     """A person (or simulated annotator) and their role, with their vote count."""
 

@@ -5,7 +5,7 @@ import sqlite3
 
 import pytest
 
-from annotate.records import Answer, ImportResult, NewPair, Preference, Showing, Vote
+from annotate.records import NewGeneration, ImportResult, NewPair, Preference, Showing, Vote
 from annotate.store import Store
 
 
@@ -21,7 +21,7 @@ def paired(store):
     store.add_prompts(["Say hi.", "Name a colour."], source="test")
     policy = store.add_policy(0, "base")
     for number, prompt_id in ((1, 1), (2, 2), (3, 1)):
-        store.add_pairs_bulk([NewPair(prompt_id, Answer(policy, f"A{number}", 2, "eos"), Answer(policy, f"B{number}", 2, "eos"))])
+        store.add_pairs_bulk([NewPair(prompt_id, NewGeneration(policy, f"A{number}", 2, "eos"), NewGeneration(policy, f"B{number}", 2, "eos"))])
     return store
 
 
@@ -87,8 +87,8 @@ def test_add_pair_validates_kind_and_generations(store):
 def test_add_pairs_bulk_is_all_or_nothing(store):
     store.add_prompts(["Say hi."])
     policy = store.add_policy(0, "base")
-    good = NewPair(1, Answer(policy, "x", 1, "eos"), Answer(policy, "y", 1, "eos"))
-    bad = NewPair(1, Answer(policy, "x", 1, "eos"), Answer(policy, "y", 1, "eos"), kind="nope")
+    good = NewPair(1, NewGeneration(policy, "x", 1, "eos"), NewGeneration(policy, "y", 1, "eos"))
+    bad = NewPair(1, NewGeneration(policy, "x", 1, "eos"), NewGeneration(policy, "y", 1, "eos"), kind="nope")
     with pytest.raises(ValueError):
         store.add_pairs_bulk([good, bad])
     assert store.stats()["generations"] == 0 and store.count_pairs() == 0
@@ -281,6 +281,20 @@ def test_demonstrations(paired):
         paired.add_demonstration(1, "ann", " ")
 
 
+def test_a_better_answer_is_stored_with_the_first_vote_only(paired):
+    first = paired.submit_vote(1, "ann", "a", True, 2.0, better_answer="  Hello!  ")
+    again = paired.submit_vote(1, "ann", "b", False, 1.0, better_answer="Hi!")  # a second tab, another choice
+    plain = paired.submit_vote(2, "ann", "tie", True, better_answer="   ")
+    assert (first.recorded, first.choice, first.demonstration_id) == (True, "a", 1)
+    assert (again.recorded, again.choice, again.demonstration_id) == (False, "a", None)
+    assert (plain.recorded, plain.choice, plain.demonstration_id) == (True, "tie", None)
+    assert [(v.pair_id, v.choice, v.a_on_left) for v in paired.votes(annotator="ann")] == [(1, "a", True), (2, "tie", True)]
+    assert paired.demonstrations() == [("Say hi.", "Hello!")]
+    assert paired.add_demonstration(1, "ann", "Hey.", pair_id=1) is None  # one per (pair, annotator)
+    with pytest.raises(ValueError, match="pair 2 does not exist or does not show prompt 1"):
+        paired.add_demonstration(1, "ann", "Hey.", pair_id=2)
+
+
 def test_stats_counts(paired):
     paired.record_vote(1, "ann", "a", True)
     paired.record_vote(2, "ann", "skip", True)
@@ -307,8 +321,8 @@ def test_versus_win_rates_count_gen_a_as_the_newer_policy(store):
     store.add_prompts(["q1", "q2", "q3"])
     old, new = store.add_policy(0, "base"), store.add_policy(1, "round-1")
     ids = store.add_pairs_bulk(
-        [NewPair(p, Answer(new, f"new{p}", 1, "eos"), Answer(old, f"old{p}", 1, "eos"), kind="versus") for p in (1, 2, 3)]
-        + [NewPair(1, Answer(new, "s1", 1, "eos"), Answer(new, "s2", 1, "eos"))]
+        [NewPair(p, NewGeneration(new, f"new{p}", 1, "eos"), NewGeneration(old, f"old{p}", 1, "eos"), kind="versus") for p in (1, 2, 3)]
+        + [NewPair(1, NewGeneration(new, "s1", 1, "eos"), NewGeneration(new, "s2", 1, "eos"))]
     )
     for pair_id, name, choice in ((ids[0], "ann", "a"), (ids[0], "bob", "a"), (ids[1], "ann", "b"),
                                   (ids[2], "ann", "tie"), (ids[2], "bob", "both_bad"), (ids[3], "ann", "b")):

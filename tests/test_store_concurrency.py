@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from annotate.records import Answer, NewPair
+from annotate.records import NewGeneration, NewPair
 from annotate.store import Store
+from annotate.store.sql import MIGRATIONS
 
 V1_SCHEMA = """
 CREATE TABLE prompts (id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE, source TEXT NOT NULL DEFAULT '',
@@ -47,7 +48,7 @@ def test_an_older_database_file_is_upgraded_in_place(tmp_path):
         conn.executescript(V1_SCHEMA)
     conn.close()
     with Store(path) as store:
-        assert store.schema_version() == 3
+        assert store.schema_version() == len(MIGRATIONS)  # every migration ran
         assert [(p.id, p.text, p.source) for p in store.prompts()] == [(1, "Say hi.", "old")]
         assert [(v.pair_id, v.annotator, v.choice, v.a_on_left, v.seconds) for v in store.votes()] == [(1, "ann", "a", True, 2.5)]
         assert store.is_admin("ann")
@@ -58,8 +59,59 @@ def test_an_older_database_file_is_upgraded_in_place(tmp_path):
         assert store.mark_stale_rounds_failed() == [1]  # no pid recorded: nobody can be running it
         assert store.start_round(pid=42) == 2 and store.round(2).pid == 42
     with Store(path) as reopened:  # a second open migrates nothing and keeps everything
-        assert reopened.schema_version() == 3
+        assert reopened.schema_version() == len(MIGRATIONS)
         assert [r.status for r in reopened.rounds()] == ["failed", "running"]
+
+
+def test_an_older_database_links_its_better_answers_to_pairs_and_keeps_every_one(tmp_path):
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(V1_SCHEMA + """
+            INSERT INTO demonstrations VALUES (1, 1, 'ann', 'Hello there!', '2024-01-01T00:00:01.500000Z');
+            INSERT INTO demonstrations VALUES (2, 1, 'ann', 'Hello there!', '2024-01-01T00:00:01.600000Z');
+            INSERT INTO demonstrations VALUES (3, 1, 'zed', 'Yo.', '2024-01-01T00:00:03.000000Z');""")
+    conn.close()
+    with Store(path) as store:
+        # ann voted on pair 1 just before writing: the first copy is linked, the copy a parallel submit stored and
+        # zed's answer (no vote) keep no pair; none is lost
+        assert store.demonstrations() == [("Say hi.", "Hello there!"), ("Say hi.", "Hello there!"), ("Say hi.", "Yo.")]
+        assert store.add_demonstration(1, "ann", "Another.", pair_id=1) is None
+        assert store.add_demonstration(1, "zed", "Yo again.", pair_id=1) == 4
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT id, pair_id, annotator FROM demonstrations ORDER BY id").fetchall() == [
+            (1, 1, "ann"), (2, None, "ann"), (3, None, "zed"), (4, 1, "zed")]
+    conn.close()
+
+
+def test_parallel_submits_of_one_vote_store_one_vote_and_one_better_answer(tmp_path):
+    store = Store(tmp_path / "parallel.db")
+    store.add_prompts(["Say hi."])
+    policy = store.add_policy(0, "base")
+    _seed_pairs(store, policy, 0, 1)
+    barrier = threading.Barrier(10)
+    outcomes, errors = [], []
+
+    def submit(choice: str):
+        try:
+            barrier.wait()
+            outcomes.append(store.submit_vote(1, "ann", choice, True, 1.0, better_answer="Hi, nice to meet you."))
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=submit, args=("a" if i % 2 else "b",)) for i in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    [winner] = [o for o in outcomes if o.recorded]
+    assert winner.demonstration_id == 1
+    # every other call is told which choice stands, and wrote nothing
+    assert sorted((o.recorded, o.choice, o.demonstration_id) for o in outcomes if not o.recorded) == [
+        (False, winner.choice, None)] * 9
+    assert [(v.pair_id, v.annotator, v.choice) for v in store.votes()] == [(1, "ann", winner.choice)]
+    assert store.demonstrations() == [("Say hi.", "Hi, nice to meet you.")]
+    store.close()
 
 
 def test_a_database_newer_than_the_code_is_refused(tmp_path):
@@ -85,7 +137,7 @@ def test_a_file_database_uses_wal_and_keeps_data_across_opens(tmp_path):
 
 def _seed_pairs(store: Store, policy_id: int, start: int, count: int) -> None:
     for number in range(start, start + count):
-        store.add_pairs_bulk([NewPair(1, Answer(policy_id, f"a{number}", 1, "eos"), Answer(policy_id, f"b{number}", 1, "eos"))])
+        store.add_pairs_bulk([NewPair(1, NewGeneration(policy_id, f"a{number}", 1, "eos"), NewGeneration(policy_id, f"b{number}", 1, "eos"))])
 
 
 def test_threads_voting_while_another_writes_generations(tmp_path):

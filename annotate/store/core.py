@@ -1,5 +1,6 @@
-"""The Store: connections, transactions, and the prompts, policies, generations, pairs, votes, demonstrations and
-annotators it keeps (its rounds: annotate/store/rounds.py; statistics and exports: annotate/store/reports.py).
+"""The Store: connections, transactions, and the prompts, policies, generations, pairs and annotators it keeps (its
+votes and demonstrations: annotate/store/votes.py; its rounds: annotate/store/rounds.py; statistics and exports:
+annotate/store/reports.py).
 
 Threads: Gradio runs handlers in threads. A file database gets one connection per thread (WAL lets readers run
 beside a writer) and this process's writers take turns on a lock, so they never sleep in SQLite's busy handler;
@@ -24,11 +25,11 @@ import sqlite_utils
 from annotate.store import sql as queries
 from annotate.store.reports import Reports
 from annotate.store.rounds import RoundRecords
+from annotate.store.votes import VoteRecords
 from annotate.store.sql import now
 from annotate.importers import read_prompts
 from annotate.records import (
-    CHOICES, PAIR_KINDS, ROLES, Annotator, NewGeneration, Generation, ImportResult, NewPair, Pair, Policy, Prompt, Showing,
-    Vote,
+    PAIR_KINDS, ROLES, Annotator, NewGeneration, Generation, ImportResult, NewPair, Pair, Policy, Prompt, Showing,
 )
 
 BUSY_TIMEOUT_S = 30.0
@@ -42,7 +43,7 @@ def _name(annotator: str) -> str:
     return name
 
 
-class Store(RoundRecords, Reports):
+class Store(VoteRecords, RoundRecords, Reports):
     """Prompts, policies, generations, pairs, votes, demonstrations, rounds and annotators in one SQLite file."""
 
     def __init__(self, path: str | Path = ":memory:", reserve_seconds: float = RESERVE_SECONDS):
@@ -299,70 +300,20 @@ class Store(RoundRecords, Reports):
         a_on_left = (rng or self._rng).random() < 0.5
         return Showing(a_on_left=a_on_left, **row)
 
+    def _release_reservation(self, annotator: str, pair_id: int) -> None:
+        """The annotator voted on the pair held for them: others may now get it."""
+        with self._reserve_lock:
+            if self._reservations.get(annotator, (None,))[0] == pair_id:
+                del self._reservations[annotator]
+
+    @staticmethod
+    def _checked_name(annotator: str) -> str:
+        return _name(annotator)
+
     def pairs_waiting(self, annotator: str | None = None, overlap: int = 1) -> int:
         """Pairs with fewer than `overlap` votes (and, given an annotator, none of theirs)."""
         params = {"overlap": overlap, "annotator": _name(annotator) if annotator is not None else None}
         return self._scalar(queries.COUNT_WAITING_PAIRS, params)
-
-    # votes -------------------------------------------------------------------------------------------------------
-
-    def record_vote(
-        self, pair_id: int, annotator: str, choice: str, a_on_left: bool, seconds: float | None = None
-    ) -> bool:
-        """Record a vote about gen_a/gen_b; True when a new row was written.
-
-        A repeated submit for the same pair and annotator writes nothing and returns False (the first vote stands).
-        """
-        annotator = _name(annotator)
-        if choice not in CHOICES:
-            raise ValueError(f"choice must be one of {', '.join(CHOICES)}, not {choice!r}")
-        created = now()
-        with self._write() as db:
-            if db.conn.execute("SELECT 1 FROM pairs WHERE id = ?", (pair_id,)).fetchone() is None:
-                raise ValueError(f"no pair with id {pair_id}")
-            db.conn.execute(queries.INSERT_ANNOTATOR, (annotator, "annotator", created))
-            cursor = db.conn.execute(
-                queries.INSERT_VOTE, (pair_id, annotator, choice, int(bool(a_on_left)), seconds, created)
-            )
-            is_new = cursor.rowcount == 1
-        with self._reserve_lock:
-            if self._reservations.get(annotator, (None,))[0] == pair_id:
-                del self._reservations[annotator]
-        return is_new
-
-    def votes(self, annotator: str | None = None, pair_id: int | None = None) -> list[Vote]:
-        rows = self._rows(queries.SELECT_VOTES, {"annotator": annotator, "pair_id": pair_id})
-        return [Vote(**{**row, "a_on_left": bool(row["a_on_left"])}) for row in rows]
-
-    def votes_by(self, annotator: str) -> int:
-        return self._scalar("SELECT COUNT(*) FROM votes WHERE annotator = ?", (_name(annotator),))
-
-    def count_votes_since(self, since: str | None = None, include_skips: bool = False) -> int:
-        """Votes recorded after the timestamp `since` (all when None); skips are left out unless asked for."""
-        return self._scalar(queries.COUNT_VOTES_SINCE, {"since": since or "", "skips": int(include_skips)})
-
-    def votes_since_last_round(self) -> int:
-        """Votes (no skips) recorded after the start of the last finished round: what a new round would add."""
-        last = self.last_done_round()
-        return self.count_votes_since(last.started_at if last else None)
-
-    # demonstrations ----------------------------------------------------------------------------------------------
-
-    def add_demonstration(self, prompt_id: int, annotator: str, text: str) -> int:
-        """Store a better answer someone wrote (SFT data)."""
-        annotator, text = _name(annotator), (text or "").strip()
-        if not text:
-            raise ValueError("a demonstration must not be empty")
-        with self._write() as db:
-            if db.conn.execute("SELECT 1 FROM prompts WHERE id = ?", (prompt_id,)).fetchone() is None:
-                raise ValueError(f"no prompt with id {prompt_id}")
-            return db["demonstrations"].insert(
-                {"prompt_id": prompt_id, "annotator": annotator, "text": text, "created_at": now()}
-            ).last_pk
-
-    def demonstrations(self) -> list[tuple[str, str]]:
-        """(prompt, response) for every demonstration, oldest first."""
-        return [(row["prompt"], row["response"]) for row in self._rows(queries.SELECT_DEMONSTRATIONS)]
 
     # annotators --------------------------------------------------------------------------------------------------
 

@@ -97,10 +97,33 @@ def migration_3_pair_vote_counts(db: sqlite_utils.Database) -> None:
     db.conn.execute("CREATE INDEX pairs_open ON pairs (n_votes, id)")
 
 
+def migration_4_one_demonstration_per_pair(db: sqlite_utils.Database) -> None:
+    """A better answer belongs to the pair it was written for: at most one per (pair, annotator), kept by a UNIQUE
+    index so that parallel submits of one vote cannot store it twice.
+
+    Older rows are linked to the pair of their writer's last vote on that prompt before writing (the app saved both
+    in one request). A later copy for the same pair (parallel submits stored some twice), or a row with no such vote,
+    keeps pair_id NULL: every row is kept, and NULLs never clash in a UNIQUE index.
+    """
+    db.conn.execute("ALTER TABLE demonstrations ADD COLUMN pair_id INTEGER REFERENCES pairs(id)")
+    db.conn.execute("""
+        UPDATE demonstrations SET pair_id = (
+            SELECT v.pair_id FROM votes v JOIN pairs p ON p.id = v.pair_id
+            WHERE v.annotator = demonstrations.annotator AND p.prompt_id = demonstrations.prompt_id
+              AND v.created_at <= demonstrations.created_at
+            ORDER BY v.created_at DESC, v.id DESC LIMIT 1)""")
+    db.conn.execute("""
+        UPDATE demonstrations SET pair_id = NULL
+        WHERE id > (SELECT MIN(d.id) FROM demonstrations d
+                    WHERE d.pair_id = demonstrations.pair_id AND d.annotator = demonstrations.annotator)""")
+    db.conn.execute("CREATE UNIQUE INDEX demonstrations_pair_annotator ON demonstrations (pair_id, annotator)")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_1_initial_schema,
     migration_2_round_pid,
     migration_3_pair_vote_counts,
+    migration_4_one_demonstration_per_pair,
 ]
 
 INSERT_PROMPT = "INSERT INTO prompts (text, source, created_at) VALUES (?, ?, ?) ON CONFLICT (text) DO NOTHING"
@@ -136,6 +159,7 @@ SELECT_ANNOTATORS = """
 INSERT_VOTE = """
     INSERT INTO votes (pair_id, annotator, choice, a_on_left, seconds, created_at) VALUES (?, ?, ?, ?, ?, ?)
     ON CONFLICT (pair_id, annotator) DO NOTHING"""
+SELECT_VOTE_CHOICE = "SELECT choice FROM votes WHERE pair_id = ? AND annotator = ?"
 SELECT_VOTES = """
     SELECT id, pair_id, annotator, choice, a_on_left, seconds, created_at FROM votes
     WHERE (:annotator IS NULL OR annotator = :annotator) AND (:pair_id IS NULL OR pair_id = :pair_id)
@@ -144,6 +168,11 @@ COUNT_VOTES_SINCE = "SELECT COUNT(*) FROM votes WHERE created_at > :since AND (:
 COUNT_VOTES_BY_CHOICE = "SELECT choice, COUNT(*) AS n FROM votes GROUP BY choice"
 COUNT_VOTES_BY_ANNOTATOR = "SELECT annotator, COUNT(*) AS n FROM votes GROUP BY annotator ORDER BY annotator"
 
+# The pair's prompt is looked up here, so a better answer always belongs to the prompt of the pair voted on.
+INSERT_PAIR_DEMONSTRATION = """
+    INSERT INTO demonstrations (prompt_id, pair_id, annotator, text, created_at)
+    SELECT prompt_id, id, :annotator, :text, :created_at FROM pairs WHERE id = :pair_id
+    ON CONFLICT (pair_id, annotator) DO NOTHING"""
 SELECT_DEMONSTRATIONS = """
     SELECT pr.text AS prompt, d.text AS response FROM demonstrations d JOIN prompts pr ON pr.id = d.prompt_id
     ORDER BY d.id"""
