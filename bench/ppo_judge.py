@@ -27,11 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from annotate.importers import read_prompts  # noqa: E402
+from annotate.policy_pairs import policy_answers  # noqa: E402
 from annotate.simulate import resolve_judge, resolve_score  # noqa: E402
-from rlhf.config import load_config  # noqa: E402
+from commands.config import load_config  # noqa: E402
+from commands.round import head_to_head, mean_score, repeat_each  # noqa: E402
 from rlhf.models import resolve_model_path  # noqa: E402
 from rlhf.ppo.train import train_ppo  # noqa: E402
-from commands.round import head_to_head, mean_score, policy_answers, repeat_each  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,13 +69,13 @@ def test_choose_pairs_scores_every_candidate_with_the_model():
 
 
 def test_make_active_pairs_stores_the_pairs_the_chooser_picks(tiny_model_dir):
-    from annotate.pairs import ensure_base_policy, make_active_pairs
+    from annotate.policy_pairs import make_active_pairs
     from annotate.store import Store
     from rlhf.generate import AnswerSampling
 
     store = Store(":memory:")
     store.add_prompts([f"Question number {i}?" for i in range(6)], source="test")
-    policy = ensure_base_policy(store, str(tiny_model_dir))
+    policy = store.ensure_base_policy(str(tiny_model_dir))
     seen = {}
 
     def chooser(prompts, answers, n, seed):
@@ -94,14 +94,14 @@ def test_make_active_pairs_stores_the_pairs_the_chooser_picks(tiny_model_dir):
 
 
 def test_make_active_pairs_seed_fixes_the_sampled_answers(tiny_model_dir):
-    from annotate.pairs import ensure_base_policy, make_active_pairs
+    from annotate.policy_pairs import make_active_pairs
     from annotate.store import Store
     from rlhf.generate import AnswerSampling
 
     def sampled(seed):
         store = Store(":memory:")
         store.add_prompts([f"Question number {i}?" for i in range(4)], source="test")
-        policy = ensure_base_policy(store, str(tiny_model_dir))
+        policy = store.ensure_base_policy(str(tiny_model_dir))
         seen = []
 
         def chooser(prompts, answers, n, chooser_seed):

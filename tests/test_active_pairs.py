@@ -2,8 +2,7 @@
 
 import torch
 
-from annotate.active_pairs import load_pair_judge, pair_judge_path, queue_pairs
-from annotate.pairs import ensure_base_policy
+from annotate.policy_pairs import load_pair_judge, pair_judge_path, queue_pairs
 from annotate.store import Store
 from rlhf.generate import AnswerSampling
 from rlhf.reward.strategies import HEADS_FILE, VotesConfig
@@ -22,10 +21,10 @@ class LengthDoubt:
         return torch.tensor([1.0 / (1 + abs(len(a) - len(b))) for a, b in zip(answers_a, answers_b)])
 
 
-def store_with_two_policies(tiny_model_dir, n_prompts=12):
-    store = Store(":memory:")
+def store_with_two_policies(tiny_model_dir, n_prompts=12, db=":memory:"):
+    store = Store(db)
     store.add_prompts([f"Question number {i}?" for i in range(n_prompts)], source="test")
-    base = ensure_base_policy(store, str(tiny_model_dir))
+    base = store.ensure_base_policy(str(tiny_model_dir))
     newer = store.policy(store.add_policy(1, str(tiny_model_dir), parent_id=base.id))
     return store, base, newer
 
@@ -87,27 +86,42 @@ def test_the_pair_judge_is_the_last_finished_rounds_reward_model_with_heads(tmp_
 
 
 def test_the_apps_generator_chooses_sample_pairs_with_the_last_rounds_reward_model(tiny_model_dir, tmp_path,
-                                                                                   monkeypatch):
-    from annotate.serve import ModelPairGenerator
+                                                                                   monkeypatch, capsys):
+    """The app makes pairs with a child `app.py --generate-pairs N --progress-lines --config FILE` (commands.serve);
+    the same command runs here in this process, so the judge's calls can be counted."""
+    import app
+    from commands.config import LoopConfig
+    from commands.serve import child_command, write_child_config
     from rlhf.reward.data import PreferencePair
-    from rlhf.reward.strategies import StrategyConfig, TrainedPreferenceModel, VotesConfig, train_strategy
+    from rlhf.reward.strategies import StrategyConfig, TrainedPreferenceModel, train_strategy
 
-    store, _base, _newer = store_with_two_policies(tiny_model_dir)
-    generator = ModelPairGenerator(store, str(tiny_model_dir))
+    db = tmp_path / "loop.db"
+    store, _base, _newer = store_with_two_policies(tiny_model_dir, db=db)
+    config = LoopConfig()
+    config.app.db, config.app.model = str(db), str(tiny_model_dir)
+    config.sampling = SAMPLING  # short answers: seconds, not minutes
+    argv = child_command(write_child_config(config), config, "--generate-pairs", "2", "--versus-share", "0.0",
+                         "--progress-lines")[2:]  # what the app's ChildProcessPairGenerator runs, less the python
     pairs = [PreferencePair(f"Tell me about tea #{i}.", "Thank you, happy to help: it is lovely.", f"Tea {i}.")
              for i in range(12)]
-    model = train_strategy("head", pairs, str(tiny_model_dir), StrategyConfig(votes=VotesConfig(n_heads=4, cv_folds=3)))
+    model = train_strategy("head", pairs, str(tiny_model_dir),
+                           StrategyConfig(votes=VotesConfig(n_heads=4, cv_folds=3)))
     path = model.save(tmp_path / "reward")
     asked = []
     disagreement = TrainedPreferenceModel.disagreement
     monkeypatch.setattr(TrainedPreferenceModel, "disagreement",
                         lambda self, prompts, a, b: asked.append(len(prompts)) or disagreement(self, prompts, a, b))
-    monkeypatch.setattr("annotate.pairs.AnswerSampling", lambda: SAMPLING)  # short answers: seconds, not minutes
+    monkeypatch.chdir(tmp_path)  # no rlhf-loop.toml but the app's own file
 
-    assert generator.generate(2, 0.0, lambda done, total: None) == 2
+    capsys.readouterr()
+    assert app.main(argv) == 0
+    assert "pairs-written 2" in capsys.readouterr().out.splitlines()
     assert asked == []  # no finished round yet: random pairs
     round_id = store.start_round()
     store.finish_round(round_id, {"round/reward_model_path": str(path)})
-    assert generator.generate(2, 0.0, lambda done, total: None) == 2
+    assert app.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "pairs-written 2" in captured.out.splitlines()
+    assert "least sure about" in captured.err and str(path) in captured.err
     assert asked == [3 * 6]  # ceil(2 * 1.5) prompts x 6 candidate pairs of 4 answers, ranked by the heads
     assert store.count_pairs() == 4

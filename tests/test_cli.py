@@ -45,3 +45,18 @@ def test_export_command_writes_trl_columns(tmp_path):
         {"prompt": "say hi", "chosen": "hi", "rejected": "go away"}
     ]
     assert app.main(["--export", str(tmp_path / "prefs.csv"), "--db", str(db)]) == 2
+
+
+def test_show_config_prints_defaults_under_the_file_the_overrides_and_the_flags(tmp_path, monkeypatch, capsys):
+    from commands.config import LoopConfig, load_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rlhf-loop.toml").write_text('[app]\ndb = "from-file.db"\n[ppo]\nkl_ctl = 0.2\n')
+    assert app.main(["--show-config", "--set", "ppo.kl_ctl=0.05", "--seed", "3", "--ppo-batch-size", "4"]) == 0
+    shown = capsys.readouterr().out
+    assert '[app]\ndb = "from-file.db"' in shown and "kl_ctl = 0.05" in shown
+    shown_file = tmp_path / "shown.toml"
+    shown_file.write_text(shown)
+    config = load_config(shown_file, default_file=None)
+    assert (config.simulate.seed, config.ppo.batch_size, config.ppo.mini_batch_size) == (3, 4, 4)
+    assert config.ppo.seed == LoopConfig().ppo.seed  # --seed is the simulated annotators' seed, not PPO's

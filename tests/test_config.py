@@ -1,6 +1,6 @@
 import pytest
 
-from rlhf.config import ConfigError, load_config
+from commands.config import ConfigError, LoopConfig, config_as_toml, load_config
 
 
 def test_defaults_are_deepspeed_chat_ppo_and_moderate_sampling():
@@ -44,3 +44,29 @@ def test_a_missing_or_broken_file_is_named(tmp_path):
 def test_shipped_example_config_loads():
     config = load_config("rlhf-loop.example.toml")
     assert config.round.min_new_pairs >= 1
+
+
+def test_rlhf_loop_toml_then_the_config_file_then_overrides_then_flags(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rlhf-loop.toml").write_text("[ppo]\nkl_ctl = 0.05\nsteps = 3\n[app]\ndb = \"here.db\"\n")
+    extra = tmp_path / "extra.toml"
+    extra.write_text("[ppo]\nsteps = 7\n[round]\nmin_new_pairs = 40\n")
+    config = load_config(extra, ["round.min_new_pairs=50"], [("simulate", "seed", 9, "--seed")])
+    # rlhf-loop.toml is read first and --config on top of it (it no longer replaces it)
+    assert (config.ppo.kl_ctl, config.ppo.steps, config.app.db) == (0.05, 7, "here.db")
+    assert (config.round.min_new_pairs, config.simulate.seed) == (50, 9)
+    assert load_config(None, []).ppo.steps == 3
+    assert load_config(None, [], default_file=None).ppo.steps == LoopConfig().ppo.steps
+
+
+def test_a_sections_own_check_is_a_config_error_naming_the_section():
+    with pytest.raises(ConfigError, match=r"\[simulate\]: eval_prompts and eval_answers must be at least 1"):
+        load_config(None, ["simulate.eval_answers=0"], default_file=None)
+
+
+def test_the_shown_configuration_loads_back_as_the_same_configuration(tmp_path):
+    config = load_config(None, ["ppo.kl_ctl=0.03", "serve.admins=[\"ann\"]", "simulate.annotator_name=bob"],
+                         default_file=None)
+    shown = tmp_path / "shown.toml"
+    shown.write_text(config_as_toml(config))
+    assert load_config(shown, [], default_file=None) == config

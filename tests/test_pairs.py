@@ -1,10 +1,10 @@
 """Making pairs: which prompts, how many pairs of each kind, who wrote which side, what gets skipped."""
 
-from argparse import Namespace
-
 import pytest
 
-from annotate.pairs import PairsReport, command_generate_pairs, earlier_policy, ensure_base_policy, make_pairs, usable
+import app
+from annotate.pairs import PairsReport, earlier_policy, usable
+from annotate.policy_pairs import make_pairs
 from annotate.store import Store
 from rlhf.generate import Answer, AnswerSampling
 from rlhf.models import build_tiny_model
@@ -37,14 +37,14 @@ def pair_rows(store):
 
 
 def test_first_start_records_the_base_model_once(store):
-    base = ensure_base_policy(store, "default")
+    base = store.ensure_base_policy("default")
     assert (base.round, base.path, base.parent_id) == (0, "default", None)
-    assert ensure_base_policy(store, "some/other-model") == base
+    assert store.ensure_base_policy("some/other-model") == base
     assert len(store.policies()) == 1
 
 
 def test_sample_pairs_go_to_the_prompts_with_fewest_pairs(store, tiny_model, tokenizer):
-    base = ensure_base_policy(store, "tiny")
+    base = store.ensure_base_policy("tiny")
     first = make_pairs(store, tiny_model, tokenizer, n_pairs=4, policy_id=base.id, sampling=SHORT, seed=0)
     second = make_pairs(store, tiny_model, tokenizer, n_pairs=4, policy_id=base.id, sampling=SHORT, seed=1)
 
@@ -58,7 +58,7 @@ def test_sample_pairs_go_to_the_prompts_with_fewest_pairs(store, tiny_model, tok
 
 
 def test_stored_answers_keep_their_token_counts_and_finish_reason(store, tiny_model, tokenizer):
-    base = ensure_base_policy(store, "tiny")
+    base = store.ensure_base_policy("tiny")
     make_pairs(store, tiny_model, tokenizer, n_pairs=1, policy_id=base.id, sampling=SHORT, seed=0)
     pair = store.pair(1)
     for generation in (store.generation(pair.gen_a), store.generation(pair.gen_b)):
@@ -67,7 +67,7 @@ def test_stored_answers_keep_their_token_counts_and_finish_reason(store, tiny_mo
 
 
 def test_versus_pairs_put_the_newer_policy_on_side_a(store, tiny_model, tokenizer, other_model_dir):
-    base = ensure_base_policy(store, str(other_model_dir))
+    base = store.ensure_base_policy(str(other_model_dir))
     newer_id = store.add_policy(round=1, path="checkpoints/round-1", parent_id=base.id)
     report = make_pairs(store, tiny_model, tokenizer, n_pairs=4, policy_id=newer_id, versus_share=0.5,
                         sampling=SHORT, seed=0)
@@ -83,7 +83,7 @@ def test_versus_pairs_put_the_newer_policy_on_side_a(store, tiny_model, tokenize
 
 
 def test_without_an_earlier_policy_every_pair_is_a_sample_pair(store, tiny_model, tokenizer, capsys):
-    base = ensure_base_policy(store, "tiny")
+    base = store.ensure_base_policy("tiny")
     report = make_pairs(store, tiny_model, tokenizer, n_pairs=3, policy_id=base.id, versus_share=1.0,
                         sampling=SHORT, seed=0)
     assert (report.written, report.sample, report.versus) == (3, 3, 0)
@@ -91,7 +91,7 @@ def test_without_an_earlier_policy_every_pair_is_a_sample_pair(store, tiny_model
 
 
 def test_identical_answers_make_no_pair(store, tiny_model, tokenizer):
-    base = ensure_base_policy(store, "tiny")
+    base = store.ensure_base_policy("tiny")
     greedy = AnswerSampling(max_new_tokens=4, temperature=0.0)  # both answers to a prompt come out the same
     report = make_pairs(store, tiny_model, tokenizer, n_pairs=3, policy_id=base.id, sampling=greedy, seed=0)
     assert (report.written, report.skipped_identical) == (0, 3)
@@ -108,7 +108,7 @@ def test_empty_or_identical_answers_are_not_usable():
 
 
 def test_progress_is_reported_per_batch_of_prompts(store, tiny_model, tokenizer):
-    base = ensure_base_policy(store, "tiny")
+    base = store.ensure_base_policy("tiny")
     calls = []
     sampling = AnswerSampling(max_new_tokens=2, temperature=1.0, batch_size=4, seed=0)  # 2 prompts per batch
     make_pairs(store, tiny_model, tokenizer, n_pairs=5, policy_id=base.id, sampling=sampling,
@@ -126,17 +126,15 @@ def test_the_earlier_policy_is_the_parent_or_else_the_last_of_an_earlier_round(s
     assert earlier_policy(store, store.policy(base_id)) is None
 
 
-def generate_args(db, model, n, **extra):
-    values = dict(db=str(db), model=str(model), generate_pairs=str(n), versus_share=0.0, max_new_tokens=4,
-                  temperature=None)
-    values.update(extra)
-    return Namespace(**values)
+def generate_argv(db, model, n, *extra):
+    """`app.py --generate-pairs N` on `db` with `model`, answers of at most 4 tokens."""
+    return ["--generate-pairs", str(n), "--db", str(db), "--model", str(model), "--max-new-tokens", "4", *extra]
 
 
 def test_generate_pairs_command_uses_the_base_model_on_a_fresh_database(tmp_path, tiny_model_dir, capsys):
     with Store(tmp_path / "loop.db") as store:
         store.add_prompts(["Hi?", "Why?", "How?"])
-    assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, 2)) == 0
+    assert app.main(generate_argv(tmp_path / "loop.db", tiny_model_dir, 2)) == 0
 
     with Store(tmp_path / "loop.db") as store:
         (policy,) = store.policies()
@@ -146,13 +144,13 @@ def test_generate_pairs_command_uses_the_base_model_on_a_fresh_database(tmp_path
 
 
 @pytest.mark.parametrize("n, extra, message", [
-    ("zero", {}, "N must be a positive whole number"),
-    ("0", {}, "N must be a positive whole number"),
-    ("2", {"versus_share": 1.5}, "--versus-share must lie between 0 and 1"),
-    ("2", {"set": ["votes.oversample=many"]}, "votes.oversample"),
+    ("zero", [], "N must be a positive whole number"),
+    ("0", [], "N must be a positive whole number"),
+    ("2", ["--versus-share", "1.5"], "--versus-share must lie between 0 and 1"),
+    ("2", ["--set", "votes.oversample=many"], "votes.oversample"),
 ])
 def test_generate_pairs_command_refuses_bad_numbers(tmp_path, tiny_model_dir, capsys, n, extra, message):
-    assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, n, **extra)) == 2
+    assert app.main(generate_argv(tmp_path / "loop.db", tiny_model_dir, n, *extra)) == 2
     assert message in capsys.readouterr().err
 
 
@@ -163,25 +161,24 @@ def test_generate_pairs_command_chooses_sample_pairs_with_the_last_rounds_reward
 
     pairs = [PreferencePair(f"Tell me about tea #{i}.", "Thank you, happy to help: it is lovely.", f"Tea {i}.")
              for i in range(12)]
-    path = train_strategy("head", pairs, str(tiny_model_dir), StrategyConfig(votes=VotesConfig(n_heads=4, cv_folds=3))).save(
-        tmp_path / "reward")
+    path = train_strategy("head", pairs, str(tiny_model_dir),
+                          StrategyConfig(votes=VotesConfig(n_heads=4, cv_folds=3))).save(tmp_path / "reward")
     with Store(tmp_path / "loop.db") as store:
         store.add_prompts([f"Question {i}?" for i in range(6)])
         store.finish_round(store.start_round(), {"round/reward_model_path": str(path)})
-    assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, 2)) == 0
+    assert app.main(generate_argv(tmp_path / "loop.db", tiny_model_dir, 2)) == 0
     captured = capsys.readouterr()
     assert "least sure about" in captured.err and str(path) in captured.err
     assert "2 pairs written" in captured.out
     with Store(tmp_path / "loop.db") as store:
         assert store.count_pairs() == 2
     # votes.oversample=2 turns the choice off
-    assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, 2,
-                                                set=["votes.oversample=2"])) == 0
+    assert app.main(generate_argv(tmp_path / "loop.db", tiny_model_dir, 2, "--set", "votes.oversample=2")) == 0
     assert "least sure about" not in capsys.readouterr().err
 
 
 def test_generate_pairs_command_without_prompts_says_how_to_import_them(tmp_path, tiny_model_dir, capsys):
-    assert command_generate_pairs(generate_args(tmp_path / "loop.db", tiny_model_dir, 2)) == 2
+    assert app.main(generate_argv(tmp_path / "loop.db", tiny_model_dir, 2)) == 2
     assert "--import-prompts" in capsys.readouterr().err
 
 
@@ -190,7 +187,7 @@ def test_one_seed_gives_the_same_pairs(tiny_model, tokenizer):
     for _ in range(2):
         with Store(":memory:") as store:
             store.add_prompts(["One?", "Two?", "Three?"])
-            base = ensure_base_policy(store, "tiny")
+            base = store.ensure_base_policy("tiny")
             unseeded = AnswerSampling(max_new_tokens=3, temperature=1.0, seed=None)
             make_pairs(store, tiny_model, tokenizer, n_pairs=3, policy_id=base.id, sampling=unseeded, seed=5)
             texts.append([store.generation(g).text for g in range(1, 7)])

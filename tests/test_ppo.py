@@ -401,8 +401,12 @@ def test_command_trains_from_a_prompt_file(tiny_model_dir, reward_model_dir, tmp
     (["--reward-model", "{tiny}"], "is not a reward model folder"),
     (["--reward-model", "{rm}"], "no database at"),
     (["--reward-model", "{rm}", "--prompts", "{missing}"], "no such file"),
-    (["--reward-model", "{rm}", "--steps", "0"], "--steps must be at least 1"),
-    (["--reward-model", "{rm}", "--ppo-batch-size", "0"], "--ppo-batch-size must be at least 1"),
+    # the flags set [ppo]: PPOConfig's own checks refuse them, naming the section (--steps 0 is ppo.steps = 0, the
+    # default: `epochs` passes over the prompts)
+    (["--reward-model", "{rm}", "--steps", "-1"], "[ppo]: steps must be 0 (epochs passes over the prompts) or more"),
+    (["--reward-model", "{rm}", "--ppo-max-new-tokens", "0"], "max_new_tokens at least 1 (got 0, 1 and 0)"),
+    (["--reward-model", "{rm}", "--ppo-batch-size", "0"], "[ppo]: batch_size, mini_batch_size and ppo_epochs must be at "
+                                                          "least 1"),
 ])
 def test_command_errors_say_what_to_do(extra, message, tiny_model_dir, reward_model_dir, tmp_path, capsys):
     names = {"tiny": tiny_model_dir, "rm": reward_model_dir, "missing": tmp_path / "missing.jsonl"}
@@ -423,6 +427,38 @@ def test_command_reads_prompts_from_the_store(tiny_model_dir, reward_model_dir, 
                      "--db", str(db), "--steps", "1", "--out", str(tmp_path / "actor"),
                      "--ppo-batch-size", "2", "--ppo-max-new-tokens", "4"])
     assert code == 0 and "on 2 prompts" in capsys.readouterr().out
+
+
+def test_command_trains_as_the_round_would_on_that_reward_model(reward_model_dir, tmp_path, capsys, monkeypatch):
+    """--train-ppo takes [ppo] through rlhf.round.config.ppo_settings: a head reward model gets normalised scores and
+    GAE lambda 1 as in the round; the flags set [ppo] (--seed is the simulated annotators', not PPO's)."""
+    import json
+    import shutil
+    from types import SimpleNamespace
+
+    from rlhf.reward.strategies import STRATEGY_FILE
+
+    used = []
+
+    def fake_train_ppo(model, reward_path, prompts, config, out_dir, reference_path=None):
+        used.append(config)
+        return SimpleNamespace(history=[{"ppo/score": 0.5, "ppo/kl": 0.01}], saved_path=out_dir)
+
+    monkeypatch.setattr("rlhf.ppo.train.train_ppo", fake_train_ppo)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\n", encoding="utf-8")
+    head = shutil.copytree(reward_model_dir, tmp_path / "head")
+    (head / STRATEGY_FILE).write_text(json.dumps({"strategy": "head"}))
+    for reward in (reward_model_dir, head):
+        assert app.main(["--train-ppo", "--reward-model", str(reward), "--prompts", str(prompts), "--out",
+                         str(tmp_path / "actor"), "--ppo-batch-size", "2", "--seed", "5",
+                         "--set", "ppo.seed=7", "--set", "ppo.lam=0.9"]) == 0
+    plain, adapted = used
+    assert (plain.normalize_rewards, plain.lam) == (False, 0.9)
+    assert (adapted.normalize_rewards, adapted.lam) == (True, 1.0)
+    for config in used:
+        assert (config.batch_size, config.mini_batch_size, config.seed) == (2, 2, 7)
+    assert "Head reward model: scores normalised, GAE lambda 1" in capsys.readouterr().err
 
 
 def test_lora_shares_weights_only_with_the_same_folder(tmp_path, monkeypatch):

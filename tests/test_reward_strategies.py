@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from rlhf.reward import bt_head
+from rlhf.reward.data import PreferencePair
 from rlhf.reward.model import RewardModel
 from rlhf.reward.train import RewardTrainConfig
-from rlhf.reward.data import PreferencePair
 from rlhf.reward.strategies import (
     FeatureExtractor,
     StrategyConfig,
@@ -91,7 +91,8 @@ def polite_pairs(n: int) -> list[PreferencePair]:
 @pytest.mark.parametrize("feature, saved_layers", [("last@-1", 2), ("mean@1", 1), ("mean@0", 0), ("mean@2", 2)])
 def test_exported_reward_model_scores_exactly_as_the_head(tiny_model_dir, tmp_path, feature, saved_layers):
     pairs = polite_pairs(30)
-    config = StrategyConfig(votes=VotesConfig(feature=feature, n_heads=4, cv_folds=3), reward=RewardTrainConfig(heldout_fraction=0.2, show_progress=False))
+    config = StrategyConfig(votes=VotesConfig(feature=feature, n_heads=4, cv_folds=3),
+                            reward=RewardTrainConfig(heldout_fraction=0.2, show_progress=False))
     model = train_strategy("ensemble", pairs, str(tiny_model_dir), config)
     assert model.metrics["rm/n_train"] == 24 and model.metrics["rm/n_heldout"] == 6
     prompts = [p.prompt for p in pairs[:5]]
@@ -172,7 +173,7 @@ def test_auto_strategy_follows_the_vote_count():
 def test_round_refuses_ppo_when_the_interval_reaches_chance_and_says_how_many_votes_more():
     from types import SimpleNamespace
 
-    from rlhf.config import load_config
+    from commands.config import load_config
     from rlhf.round.run import RoundRefused, _check_accuracy
 
     config = load_config(None, ["round.min_accuracy=0.55", "reward.heldout_fraction=0.2"])

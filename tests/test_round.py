@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import app
-from annotate.pairs import ensure_base_policy, make_pairs
+from annotate.policy_pairs import make_pairs
 from annotate.simulate import resolve_judge, simulate_votes
 from annotate.store import Store
-from rlhf.config import load_config
+from commands.config import load_config
 from rlhf.generate import AnswerSampling
 from rlhf.round.run import RoundLock, run_round
 
@@ -34,7 +34,7 @@ def tiny_settings(tmp_path: Path, ppo_steps: int = 1) -> list[str]:
 def seed_votes(db: Path, model_dir: Path, n_pairs: int = 12) -> None:
     store = Store(db)
     store.add_prompts(PROMPTS, source="test")
-    policy = ensure_base_policy(store, str(model_dir))
+    policy = store.ensure_base_policy(str(model_dir))
     make_pairs(store, str(model_dir), None, n_pairs, policy.id, sampling=AnswerSampling(max_new_tokens=12, seed=0))
     simulate_votes(store, resolve_judge("longer"), "sim", n_votes=n_pairs)
     store.close()
@@ -80,7 +80,7 @@ def test_ppo_on_a_head_reward_model_normalises_scores_and_takes_lambda_one_unles
     import json
 
     from rlhf.reward.strategies import STRATEGY_FILE
-    from rlhf.round.run import ppo_settings
+    from rlhf.round.config import ppo_settings
 
     if strategy is not None:  # None: a folder from --train-reward, without the strategy file
         (tmp_path / STRATEGY_FILE).write_text(json.dumps({"strategy": strategy}))
@@ -163,7 +163,7 @@ def test_one_small_round_of_the_default_model_completes(tmp_path):
     db = tmp_path / "default.db"
     store = Store(db)
     store.add_prompts(PROMPTS[:8], source="test")
-    policy = ensure_base_policy(store, "default")
+    policy = store.ensure_base_policy("default")
     make_pairs(store, "default", None, 8, policy.id, sampling=AnswerSampling(max_new_tokens=16, seed=0))
     simulate_votes(store, resolve_judge("longer"), "sim", n_votes=8)
     overrides = tiny_settings(tmp_path) + ["sampling.max_new_tokens=16", "round.next_pairs=2", "round.versus_share=0.0"]
@@ -246,5 +246,6 @@ def test_demo_loop_refuses_zero_evaluation_answers_before_touching_the_database(
     db = tmp_path / "demo.db"
     code = app.main(["--demo-loop", "--eval-answers", "0", "--db", str(db)])
     assert code == 2
-    assert "--eval-answers must be at least 1" in capsys.readouterr().err
+    assert "app.py: [simulate]: eval_prompts and eval_answers must be at least 1 (got 32 and 0)" in \
+        capsys.readouterr().err
     assert not db.exists()

@@ -2,11 +2,11 @@
 
 import json
 import math
-from argparse import Namespace
 
 import pytest
 import torch
 
+import app
 from rlhf.generate import AnswerSampling, encode_prompt, generate_answers
 from rlhf.models import load_causal_lm, load_tokenizer
 from rlhf.sft.train import (
@@ -15,7 +15,6 @@ from rlhf.sft.train import (
     SFTDataError,
     answer_token_loss,
     collate_right_padded,
-    command_sft,
     encode_example,
     linear_warmup_decay,
     sft_examples_from_jsonl,
@@ -120,16 +119,17 @@ def test_sft_lowers_the_loss_and_the_model_learns_to_give_the_answer(tiny_model_
     assert (answer.text, answer.n_tokens, answer.finish_reason) == ("blue sky", 2, "stop")
 
 
-def sft_args(db, model, sft="", out=None, **extra):
-    return Namespace(db=str(db), model=str(model), sft=sft, out=str(out) if out else None,
-                     sft_epochs=extra.get("sft_epochs", 1), sft_lr=None, sft_batch_size=None)
+def sft_argv(db, model, sft=None, out=None):
+    """`app.py --sft [FILE]` on `db` with `model`, one epoch."""
+    return ["--sft", *([str(sft)] if sft else []), "--db", str(db), "--model", str(model), "--sft-epochs", "1",
+            *(["--out", str(out)] if out else [])]
 
 
 def test_sft_command_records_the_model_as_the_new_reference(tiny_model_dir, tmp_path, capsys):
     from annotate.store import Store
 
     data = write_lines(tmp_path / "demo.jsonl", [json.dumps({"prompt": "Hi", "response": "Hello!"})])
-    code = command_sft(sft_args(tmp_path / "loop.db", tiny_model_dir, sft=str(data), out=tmp_path / "sft"))
+    code = app.main(sft_argv(tmp_path / "loop.db", tiny_model_dir, sft=str(data), out=tmp_path / "sft"))
 
     assert code == 0
     with Store(tmp_path / "loop.db") as store:
@@ -146,14 +146,14 @@ def test_sft_command_trains_on_the_annotators_demonstrations(tiny_model_dir, tmp
     with Store(tmp_path / "loop.db") as store:
         store.add_prompts(["Hi"])
         store.add_demonstration(store.prompts()[0].id, "ann", "Hello, how can I help?")
-    assert command_sft(sft_args(tmp_path / "loop.db", tiny_model_dir, out=tmp_path / "sft")) == 0
+    assert app.main(sft_argv(tmp_path / "loop.db", tiny_model_dir, out=tmp_path / "sft")) == 0
     assert (tmp_path / "sft" / "config.json").is_file()
 
 
 def test_sft_command_without_demonstrations_or_with_a_bad_file_says_what_to_do(tiny_model_dir, tmp_path, capsys):
-    assert command_sft(sft_args(tmp_path / "loop.db", tiny_model_dir)) == 2
+    assert app.main(sft_argv(tmp_path / "loop.db", tiny_model_dir)) == 2
     assert "holds no demonstrations yet" in capsys.readouterr().err
 
     bad = write_lines(tmp_path / "bad.jsonl", ['{"prompt": "Hi"}'])
-    assert command_sft(sft_args(tmp_path / "loop.db", tiny_model_dir, sft=str(bad))) == 2
+    assert app.main(sft_argv(tmp_path / "loop.db", tiny_model_dir, sft=str(bad))) == 2
     assert 'bad.jsonl:1: "response" must be a non-empty string' in capsys.readouterr().err

@@ -83,6 +83,9 @@ class PPOConfig:
     def __post_init__(self):
         if self.batch_size < 1 or self.mini_batch_size < 1 or self.ppo_epochs < 1:
             raise ValueError("batch_size, mini_batch_size and ppo_epochs must be at least 1")
+        if self.steps < 0 or self.epochs < 1 or self.max_new_tokens < 1:  # else PPO runs no step at all
+            raise ValueError(f"steps must be 0 (epochs passes over the prompts) or more, epochs and max_new_tokens at "
+                             f"least 1 (got {self.steps}, {self.epochs} and {self.max_new_tokens})")
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError("min_new_tokens cannot exceed max_new_tokens")
         if not self.temperature > 0:
