@@ -156,6 +156,19 @@ class Annotator:
 
 
 @dataclass(frozen=True)
+class NameClash:
+    """A stored name kept apart from the normalised name it now reads as: merging would double a vote."""
+
+    name: str
+    """The name as it was stored (and still is)."""
+    normalised: str
+    """The person it reads as now (annotate.identity.clean_name)."""
+    pairs: tuple[int, ...]
+    """Pairs on which both names voted (or wrote a better answer)."""
+    found_at: str
+
+
+@dataclass(frozen=True)
 class Round:
     """One training round."""
 

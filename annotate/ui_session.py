@@ -1,21 +1,20 @@
 """What every tab of the app shares: its configuration, the per-browser session, who is signed in, safe rendering.
 
 Identity is always decided on the server: with an auth file it is the name Gradio's login verified
-(`request.username`); without one it is the name this browser session signed in with, kept in server-side state.
+(`request.username`); without one it is the name this browser session signed in with, kept in server-side state,
+or after a reload or a restart the name in the browser's session cookie, which the server signed (annotate.identity).
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from markdown_it import MarkdownIt
 
+from annotate.identity import SessionTokens, clean_name
 from annotate.records import Showing
-
-MAX_NAME_CHARS = 64
 
 
 @dataclass
@@ -38,6 +37,9 @@ class AppConfig:
     """While someone has no pair (queue empty, first batch generating), look for one this often."""
     refresh_s: float = 5.0
     """Dashboard and admin pages refresh this often while they are open."""
+    sessions: SessionTokens | None = None
+    """Signs the cookie that keeps a browser signed in without an auth file; build_app makes one beside the database
+    when None."""
 
 
 @dataclass
@@ -55,23 +57,23 @@ class Session:
 
 
 def signed_in_name(session: Session | None, request, config: AppConfig) -> str | None:
-    """The name of whoever sends this request, or None when nobody signed in."""
+    """The name of whoever sends this request, or None when nobody signed in.
+
+    With an auth file: the login's name (Gradio keeps it as typed, so it is normalised here). Without: the name this
+    tab signed in with, else the one in the browser's signed session cookie (after a reload or a server restart).
+    """
     if config.require_auth:
-        username = getattr(request, "username", None) if request is not None else None
-        return username or None
-    return session.name if session is not None else None
+        return clean_name(getattr(request, "username", None) if request is not None else None)[0]
+    if session is not None and session.name:
+        return session.name
+    return config.sessions.from_request(request)[0] if config.sessions is not None else None
 
 
-def clean_name(raw: str | None) -> tuple[str | None, str]:
-    """(name, "") for an acceptable name, else (None, why not)."""
-    name = " ".join((raw or "").split())
-    if not name:
-        return None, "Type your name to sign in."
-    if len(name) > MAX_NAME_CHARS:
-        return None, f"Please use a shorter name (at most {MAX_NAME_CHARS} characters)."
-    if re.search(r"[\x00-\x1f\x7f]", name):
-        return None, "Names cannot hold control characters."
-    return name, ""
+def session_ended(request, config: AppConfig) -> str:
+    """Why this browser's session cookie no longer signs it in ("" when there is none, or it still does)."""
+    if config.require_auth or config.sessions is None:
+        return ""
+    return config.sessions.from_request(request)[1]
 
 
 @functools.cache
@@ -79,7 +81,7 @@ def _untrusted_markdown() -> MarkdownIt:
     # html=False: raw HTML in the text is escaped and shown as text (markdown-it's documented safe mode; its link
     # validator also drops javascript:, vbscript: and file: URLs). Images are off, so text cannot make the
     # browser fetch anything. Built once: rendering keeps no state in the instance, so threads can share it.
-    return MarkdownIt("commonmark", {"html": False, "breaks": True}).disable("image")
+    return MarkdownIt("commonmark", {"html": False, "breaks": True}).enable("table").disable("image")
 
 
 def render_untrusted(text: str) -> str:

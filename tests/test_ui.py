@@ -170,7 +170,10 @@ def test_sign_in_cleans_names_and_refuses_empty_ones(app_parts):
     session, view, message = app_parts.annotate.sign_in("   ", Session())
     assert message == "Type your name to sign in." and not view.signed_in and session.name is None
     session, _, _ = app_parts.annotate.sign_in("  Ada   Lovelace ", Session())
-    assert session.name == "Ada Lovelace"
+    assert session.name == "ada lovelace"  # stored normalised: one person, one name (annotate.identity)
+    session, view, message = app_parts.annotate.sign_in("ali\u200bce", Session())
+    assert message == "Names cannot hold invisible or control characters (found U+200B ZERO WIDTH SPACE)."
+    assert not view.signed_in and session.name is None
 
 
 def test_with_an_auth_file_the_name_comes_from_the_login_not_the_form(app_parts):

@@ -11,6 +11,7 @@ Every write is one `BEGIN IMMEDIATE` transaction: all of it lands or none of it.
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 import threading
@@ -22,6 +23,7 @@ from typing import Iterable, Iterator
 
 import sqlite_utils
 
+from annotate.identity import clean_name
 from annotate.store import sql as queries
 from annotate.store.reports import Reports
 from annotate.store.rounds import RoundRecords
@@ -29,7 +31,8 @@ from annotate.store.votes import VoteRecords
 from annotate.store.sql import now
 from annotate.importers import read_prompts
 from annotate.records import (
-    PAIR_KINDS, ROLES, Annotator, NewGeneration, Generation, ImportResult, NewPair, Pair, Policy, Prompt, Showing,
+    PAIR_KINDS, ROLES, Annotator, NameClash, NewGeneration, Generation, ImportResult, NewPair, Pair, Policy, Prompt,
+    Showing,
 )
 
 BUSY_TIMEOUT_S = 30.0
@@ -37,9 +40,10 @@ RESERVE_SECONDS = 180.0
 
 
 def _name(annotator: str) -> str:
-    name = (annotator or "").strip()
-    if not name:
-        raise ValueError("annotator name must not be empty")
+    """The one string that is this person everywhere in the store (annotate.identity.clean_name)."""
+    name, problem = clean_name(annotator)
+    if name is None:
+        raise ValueError(f"annotator name {annotator!r} is not acceptable: {problem}")
     return name
 
 
@@ -335,7 +339,7 @@ class Store(VoteRecords, RoundRecords, Reports):
             raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
 
     def role_of(self, name: str) -> str | None:
-        rows = self._rows("SELECT role FROM annotators WHERE name = ?", ((name or "").strip(),))
+        rows = self._rows("SELECT role FROM annotators WHERE name = ?", (clean_name(name)[0],))
         return rows[0]["role"] if rows else None
 
     def is_admin(self, name: str) -> bool:
@@ -343,3 +347,9 @@ class Store(VoteRecords, RoundRecords, Reports):
 
     def annotators(self) -> list[Annotator]:
         return [Annotator(**row) for row in self._rows(queries.SELECT_ANNOTATORS)]
+
+    def name_clashes(self) -> list[NameClash]:
+        """Names kept apart when names were first normalised, because merging them would have given one person
+        two votes on a pair (see sql.migration_5_one_name_per_person)."""
+        return [NameClash(**{**row, "pairs": tuple(json.loads(row["pairs"]))})
+                for row in self._rows(queries.SELECT_NAME_CLASHES)]

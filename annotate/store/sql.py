@@ -7,10 +7,13 @@ Never edit a shipped migration: append a new one.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Callable
 
 import sqlite_utils
+
+from annotate.identity import migrated_name
 
 SCHEMA_V1 = [
     """CREATE TABLE prompts (
@@ -119,11 +122,70 @@ def migration_4_one_demonstration_per_pair(db: sqlite_utils.Database) -> None:
     db.conn.execute("CREATE UNIQUE INDEX demonstrations_pair_annotator ON demonstrations (pair_id, annotator)")
 
 
+def _pairs_of(db: sqlite_utils.Database, name: str, demonstrations_have_pairs: bool) -> set[int]:
+    pairs = {row[0] for row in db.conn.execute("SELECT pair_id FROM votes WHERE annotator = ?", (name,))}
+    if demonstrations_have_pairs:
+        pairs |= {row[0] for row in db.conn.execute(
+            "SELECT pair_id FROM demonstrations WHERE annotator = ? AND pair_id IS NOT NULL", (name,))}
+    return pairs
+
+
+def _merge_names(db: sqlite_utils.Database, names: list[str], into: str) -> None:
+    marks = ", ".join("?" for _ in names)
+    roles = db.conn.execute(f"SELECT role, created_at FROM annotators WHERE name IN ({marks})", names).fetchall()
+    for table in ("votes", "demonstrations"):
+        db.conn.execute(f"UPDATE {table} SET annotator = ? WHERE annotator IN ({marks})", [into, *names])
+    db.conn.execute(f"DELETE FROM annotators WHERE name IN ({marks})", names)
+    if roles:
+        role = "admin" if any(role == "admin" for role, _created in roles) else "annotator"
+        db.conn.execute("INSERT INTO annotators (name, role, created_at) VALUES (?, ?, ?)",
+                        (into, role, min(created for _role, created in roles)))
+
+
+def migration_5_one_name_per_person(db: sqlite_utils.Database) -> None:
+    """Names written before they were normalised (annotate.identity) merge into their normalised form: votes,
+    better answers and roles move to it (an admin among the spellings makes the person admin).
+
+    A spelling whose votes or better answers share a pair with one merged before it (the normalised spelling first,
+    then the others in order) would give one person two votes on a pair: it is kept apart as it was and listed in
+    name_clashes for an admin to settle. No vote is lost or changed. A name with nothing acceptable left once its
+    invisible characters are dropped is kept as it is.
+    """
+    db.conn.execute("""CREATE TABLE name_clashes (
+        name TEXT PRIMARY KEY,
+        normalised TEXT NOT NULL,
+        pairs TEXT NOT NULL,
+        found_at TEXT NOT NULL)""")
+    demonstrations_have_pairs = "pair_id" in db["demonstrations"].columns_dict
+    spellings: dict[str, list[str]] = {}
+    for (name,) in db.conn.execute("SELECT name FROM annotators UNION SELECT annotator FROM votes "
+                                   "UNION SELECT annotator FROM demonstrations ORDER BY 1").fetchall():
+        normalised = migrated_name(name)
+        if normalised is not None:
+            spellings.setdefault(normalised, []).append(name)
+    for normalised, names in sorted(spellings.items()):
+        if names == [normalised]:
+            continue
+        names.sort(key=lambda name: (name != normalised, name))
+        merged, taken = [], set()
+        for name in names:
+            pairs = _pairs_of(db, name, demonstrations_have_pairs)
+            if pairs & taken:
+                db.conn.execute("INSERT INTO name_clashes (name, normalised, pairs, found_at) VALUES (?, ?, ?, ?)",
+                                (name, normalised, json.dumps(sorted(pairs & taken)), now()))
+            else:
+                taken |= pairs
+                merged.append(name)
+        if merged != [normalised]:
+            _merge_names(db, merged, normalised)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_1_initial_schema,
     migration_2_round_pid,
     migration_3_pair_vote_counts,
     migration_4_one_demonstration_per_pair,
+    migration_5_one_name_per_person,
 ]
 
 INSERT_PROMPT = "INSERT INTO prompts (text, source, created_at) VALUES (?, ?, ?) ON CONFLICT (text) DO NOTHING"
@@ -152,6 +214,7 @@ INSERT_ANNOTATOR = "INSERT INTO annotators (name, role, created_at) VALUES (?, ?
 UPSERT_ANNOTATOR_ROLE = """
     INSERT INTO annotators (name, role, created_at) VALUES (?, ?, ?)
     ON CONFLICT (name) DO UPDATE SET role = excluded.role"""
+SELECT_NAME_CLASHES = "SELECT name, normalised, pairs, found_at FROM name_clashes ORDER BY normalised, name"
 SELECT_ANNOTATORS = """
     SELECT a.name, a.role, a.created_at, (SELECT COUNT(*) FROM votes v WHERE v.annotator = a.name) AS votes
     FROM annotators a ORDER BY a.name"""
