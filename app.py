@@ -34,6 +34,10 @@ COMMANDS = [
      "commands.round:demo_loop"),
     ("--show-config", None, "print the configuration every command would use here, as TOML",
      "commands.data:show_config"),
+    ("--add-user", "NAME", "set NAME's password in the auth file (--auth FILE, default data/auth.txt) as a scrypt "
+     "hash; asks for it twice, or reads a line from stdin", "commands.users:add_user"),
+    ("--upgrade-auth", "FILE", "rewrite the plain-text passwords of an auth file as scrypt hashes (keeps FILE.bak)",
+     "commands.users:upgrade_auth"),
 ]
 
 
@@ -50,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  python app.py --import-prompts my.jsonl\n"
                "  python app.py --train-round            # one round headless (cron, a GPU box)\n"
                "  python app.py --show-config            # every setting, as TOML\n"
+               "  python app.py --add-user ann --role admin  # a password for ann (then serve with --auth)\n"
                "  accelerate launch app.py --train-round # the same on several GPUs",
     )
     commands = parser.add_argument_group("commands (pick one)").add_mutually_exclusive_group()
@@ -81,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     inputs.add_argument("--versus-share", type=float, default=0.0, metavar="F",
                         help="--generate-pairs: share of versus pairs, the current policy against the previous one "
                              "(default 0)")
+    inputs.add_argument("--role", choices=["annotator", "admin"],
+                        help="--add-user: also give NAME this role in the database (--db); --admin NAME instead "
+                             "makes NAME admin each time the app starts")
     inputs.add_argument("--progress-lines", action="store_true",
                         help="--generate-pairs: print 'pairs-progress DONE TOTAL' lines (what the app reads)")
     add_config_flags(parser)
@@ -106,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"app.py: {error}", file=sys.stderr)
         return 2
-    if not (args.serve or args.show_config or args.import_prompts or args.export):
+    if not (args.serve or args.show_config or args.import_prompts or args.export or args.add_user
+            or args.upgrade_auth):
         from rlhf.distributed import join_launched_processes
 
         join_launched_processes()  # under torchrun on CPU: one gloo group, not N lone trainers

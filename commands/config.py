@@ -59,7 +59,7 @@ class ServeSettings:
     share: bool = False
     """Create a public Gradio link (needs an auth file)."""
     auth: str | None = None
-    """File of name:password lines; required off localhost."""
+    """Auth file of name:scrypt-hash lines (written by --add-user); required off localhost."""
     admins: list = field(default_factory=list)
     """Names made admin at start; when empty, the first person to sign in is admin."""
     first_batch: int = 32

@@ -11,15 +11,23 @@ import os
 import sys
 from pathlib import Path
 
+from starlette.middleware import Middleware
+
 from annotate.generation_job import ChildProcessPairGenerator
 from annotate.rounds_runner import RoundRunner
-from annotate.serve import SHIPPED_GUIDELINES, ServeError, check_exposure, password_checker, read_auth_file, seed_prompts
+from annotate.passwords import (
+    AuthFileError, ClientAddressMiddleware, auth_file_warnings, password_checker, read_auth_file,
+)
+from annotate.serve import SHIPPED_GUIDELINES, ServeError, check_exposure, seed_prompts
 from annotate.store import Store
 from annotate.ui import build_app
 from annotate.ui_session import AppConfig
 from commands.config import LoopConfig, config_as_toml, unset_overrides
 
 APP_PATH = Path(__file__).resolve().parents[1] / "app.py"
+AUTH_MESSAGE = ("rlhf-loop: sign in with the name and password your admin gave you. If you were signed in, the app "
+                "restarted or the browser was closed: sign in again. After 5 wrong passwords for a name, "
+                "each further try waits longer.")
 
 
 def write_child_config(config: LoopConfig) -> Path:
@@ -46,10 +54,16 @@ def serve(args, config: LoopConfig) -> int:
         passwords = read_auth_file(settings.auth) if settings.auth else None
         if config.app.overlap < 1:
             raise ServeError(f"--overlap must be 1 or more, not {config.app.overlap}.")
-    except ServeError as error:
+    except (ServeError, AuthFileError) as error:
         print(f"app.py: {error}", file=sys.stderr)
         return 2
+    for warning in auth_file_warnings(settings.auth, passwords) if passwords is not None else []:
+        print(f"app.py: warning: {warning}", file=sys.stderr)
     store = Store(config.app.db)
+    for clash in store.name_clashes():
+        print(f"app.py: the stored name {clash.name!r} now reads as {clash.normalised!r}, but both voted on pairs "
+              f"{list(clash.pairs)}: its votes stay under the old spelling, which nobody can sign in as.",
+              file=sys.stderr)
     if message := seed_prompts(store):
         print(message, file=sys.stderr)
     config_file = write_child_config(config)
@@ -77,8 +91,9 @@ def serve(args, config: LoopConfig) -> int:
           file=sys.stderr)
     demo.launch(
         server_name=settings.host, server_port=settings.port, share=settings.share,
-        auth=password_checker(passwords) if passwords is not None else None,
-        auth_message="rlhf-loop: sign in with the name and password your admin gave you.",
+        auth=password_checker(passwords) if passwords is not None else None, auth_message=AUTH_MESSAGE,
+        # the client's address for the sign-in back-off (Gradio passes the auth function no request)
+        app_kwargs={"middleware": [Middleware(ClientAddressMiddleware)]},
         quiet=True, footer_links=["gradio"],
     )
     return 0

@@ -172,7 +172,7 @@ def test_an_admin_starts_a_round_and_its_log_streams_into_the_page(browser, app_
 
 
 def test_with_an_auth_file_people_log_in_and_are_signed_in_under_their_login(browser, tmp_path):
-    from annotate.serve import password_checker
+    from annotate.passwords import password_checker
 
     store = Store(tmp_path / "auth.db")
     store.add_prompts(["Hello?"])

@@ -7,9 +7,8 @@ import sys
 import pytest
 
 import app
-from annotate.serve import (
-    ServeError, check_exposure, is_local_host, password_checker, read_auth_file, seed_prompts,
-)
+from annotate.passwords import AuthFileError, password_checker, read_auth_file
+from annotate.serve import ServeError, check_exposure, is_local_host, seed_prompts
 from annotate.generation_job import ChildProcessPairGenerator
 from annotate.store import Store
 from commands.config import load_config
@@ -39,25 +38,25 @@ def test_app_exits_2_with_an_explanation_before_opening_anything(argv, capsys, t
 
 def test_auth_file_lines_comments_and_errors_with_line_numbers(tmp_path):
     good = tmp_path / "people.txt"
-    good.write_text("# team\nalice:s3cret:with:colons\n\n  bob : pw \n")
+    good.write_text("# team\nalice:s3cret:with:colons\n\n  Bob : pw \n")
     assert read_auth_file(good) == {"alice": "s3cret:with:colons", "bob": " pw "}
     bad = tmp_path / "bad.txt"
     bad.write_text("alice:pw\ncarol\n")
-    with pytest.raises(ServeError, match=r"bad\.txt, line 2: expected name:password"):
+    with pytest.raises(AuthFileError, match=r"bad\.txt, line 2: expected name:password"):
         read_auth_file(bad)
-    bad.write_text("alice:pw\nalice:other\n")
-    with pytest.raises(ServeError, match="line 2: alice appears twice"):
+    bad.write_text("alice:pw\nALICE:other\n")
+    with pytest.raises(AuthFileError, match=r"line 2: alice appears twice \(also line 1\)"):
         read_auth_file(bad)
     bad.write_text("# nobody\n")
-    with pytest.raises(ServeError, match="holds no name:password line"):
+    with pytest.raises(AuthFileError, match="holds no name:password line"):
         read_auth_file(bad)
-    with pytest.raises(ServeError, match="cannot read the auth file"):
+    with pytest.raises(AuthFileError, match="cannot read the auth file"):
         read_auth_file(tmp_path / "missing.txt")
 
 
 def test_password_checker():
     check = password_checker({"alice": "pw"})
-    assert check("alice", "pw") and check(" alice ", "pw")
+    assert check("alice", "pw") and check(" ALICE ", "pw")
     assert not check("alice", "PW") and not check("bob", "pw") and not check("bob", "\0") and not check("", "")
 
 
