@@ -21,7 +21,11 @@ from annotate.rounds_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui_admin import AdminHandlers, build_admin_tab
 from annotate.ui_dashboard import DashboardHandlers, build_dashboard_tab
-from annotate.ui_session import AppConfig, Session, clean_name, escape, render_untrusted, signed_in_name
+from annotate.identity import SessionTokens
+from annotate.ui_session import (
+    SET_COOKIE_JS, AppConfig, Session, clean_name, escape, render_untrusted, session_cookie, session_ended,
+    signed_in_name,
+)
 
 # Screen choices (about what the page shows left and right) -> button label and key. Showing.stored_choice turns a
 # screen choice into one about the pair's gen_a / gen_b.
@@ -105,6 +109,19 @@ class AnnotateHandlers:
             name, problem = clean_name(raw_name)
         if name is None:
             return session, AnnotateView(signed_in=False, pair_id=None), problem
+        session, view = self._sign_in_as(session, name)
+        return session, view, ""
+
+    def resume(self, session: Session, request: gr.Request | None = None) -> tuple[Session, AnnotateView, str]:
+        """On page load: sign back in whoever the browser's session cookie names (a reload, a server restart);
+        returns (session, view, why the session ended: "" when it did not, or when there was none)."""
+        name = self.user(session, request)
+        if name is None:
+            return session, AnnotateView(signed_in=False, pair_id=None), session_ended(request, self.config)
+        session, view = self._sign_in_as(session, name)
+        return session, view, ""
+
+    def _sign_in_as(self, session: Session, name: str) -> tuple[Session, AnnotateView]:
         session = replace(session, name=name, showing=None, notes=[])
         with self._first_admin_lock:
             if not self.config.admins and not any(a.role == "admin" for a in self.store.annotators()):
@@ -114,7 +131,7 @@ class AnnotateHandlers:
             else:
                 self.store.add_annotator(name)
         session = self._show_next(session, name)
-        return session, self.view(session, name, "Signed in."), ""
+        return session, self.view(session, name, "Signed in.")
 
     def vote(self, choice: str, shown_pair_id: int | float | None, better_answer: str | None,
              session: Session, request: gr.Request | None = None) -> tuple[Session, AnnotateView]:
@@ -125,7 +142,14 @@ class AnnotateHandlers:
         """
         name = self.user(session, request)
         if name is None:
-            return session, AnnotateView(signed_in=False, pair_id=None, status="Sign in first.")
+            return session, AnnotateView(signed_in=False, pair_id=None,
+                                         status=session_ended(request, self.config) or "Sign in first.")
+        if session.name is None and not self.config.require_auth:
+            # The server forgot this tab (it restarted) and the session cookie named the person again; which side
+            # they saw each answer on went with the old server, so the vote cannot be read: show the pair again.
+            session, view = self._sign_in_as(session, name)
+            return session, replace(view, status="The app restarted, so that vote was not recorded: please vote "
+                                                 "again.")
         if choice not in SCREEN_CHOICES:
             return session, self.view(session, name, f"Unknown choice {escape(str(choice))}: use one of "
                                                      f"{', '.join(SCREEN_CHOICES)}.")
@@ -194,6 +218,8 @@ def build_app(store: Store, generator: PairGenerator, runner: RoundRunner, confi
     """The whole app. `generator` writes pairs to the store (a child process; a fake in tests); `runner` starts
     training rounds as child processes."""
     config = config or AppConfig()
+    if config.sessions is None and not config.require_auth:
+        config = replace(config, sessions=SessionTokens.beside(store.path))
     for admin in config.admins:
         store.set_role(admin, "admin")
     job = GenerationJob(generator)
@@ -229,17 +255,17 @@ def build_app(store: Store, generator: PairGenerator, runner: RoundRunner, confi
                                    **private)
         admin_tab_block.select(open_admin, [session], [dashboard_timer, admin_timer, *admin_outputs], **private)
         demo.load(None, js=KEYBOARD_JS)
-        if config.require_auth:  # the login already named this person: sign them in on load
-            demo.load(annotate_tab.sign_in, annotate_tab.sign_in_inputs, annotate_tab.sign_in_outputs,
-                      api_visibility="private")
+        # With an auth file the login already named this person; without one the session cookie may: sign them in.
+        demo.load(annotate_tab.on_load, [session], annotate_tab.sign_in_outputs, api_visibility="private",
+                  concurrency_limit=None).then(None, [annotate_tab.cookie], None, js=SET_COOKIE_JS)
     return demo
 
 
 @dataclass
 class _AnnotateComponents:
-    sign_in: Callable
-    sign_in_inputs: list
+    on_load: Callable
     sign_in_outputs: list
+    cookie: gr.Textbox
 
 
 def _render(view: AnnotateView, after_vote: bool = False) -> tuple:
@@ -260,11 +286,16 @@ def _render(view: AnnotateView, after_vote: bool = False) -> tuple:
 
 
 def _render_layout(view: AnnotateView, after_vote: bool = False) -> tuple:
-    """Sign-in form or the work area. A vote only changes them when the server no longer knows the session (the
-    app restarted): then the sign-in form comes back."""
+    """Sign-in form or the work area. A vote only changes them when the server no longer knows who votes (a session
+    that ended): then the sign-in form comes back, and _sign_in_message says why."""
     if after_vote and view.signed_in:
         return gr.skip(), gr.skip()
     return gr.update(visible=not view.signed_in), gr.update(visible=view.signed_in)
+
+
+def _sign_in_message(view: AnnotateView) -> str | dict:
+    """The line under the sign-in form: why someone is (back) there; cleared once they are signed in."""
+    return "" if view.signed_in else view.status
 
 
 def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: gr.State) -> _AnnotateComponents:
@@ -272,7 +303,9 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
         if config.require_auth:
             gr.Markdown("Signing you in with your login…")
         else:
-            gr.Markdown("### Sign in\nType your name: your votes are recorded under it.")
+            gr.Markdown("### Sign in\nType your name: your votes are recorded under it. Names are not checked: anyone "
+                        "who can open this page can sign in under any name, admins' included (start the app with "
+                        "`--auth FILE` to give people passwords).", elem_id="sign-in-note")
         name_box = gr.Textbox(label="Your name", elem_id="sign-in-name", max_length=64,
                               visible=not config.require_auth)
         sign_in_button = gr.Button("Start annotating", variant="primary", elem_id="sign-in-button",
@@ -307,6 +340,8 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
     api_choice = gr.Textbox(visible=False)
     api_vote = gr.Button(visible=False)
     waiting_timer = gr.Timer(config.waiting_poll_s, active=False)
+    # The signed session token, on its way to document.cookie (SET_COOKIE_JS): the page never reads it back.
+    cookie = gr.Textbox(visible=False)
 
     layout_outputs = [sign_in_column, work_column]
     pair_outputs = [pair_column, shown_pair_id, prompt_html, left_html, right_html, progress, status, waiting_timer]
@@ -315,17 +350,30 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
     # which a partial hides.
     def sign_in(raw_name: str, state: Session, request: gr.Request):
         state, view, message = handlers.sign_in(raw_name, state, request)
-        return state, message, *_render_layout(view), *_render(view)
+        view = view if view.signed_in else replace(view, status=message)
+        return state, _sign_in_message(view), *_render_layout(view), *_render(view), session_cookie(state, config)
 
-    def vote(choice: str, pair_id, better: str, state: Session, request: gr.Request):
-        state, view = handlers.vote(choice, pair_id, better, state, request)
+    def on_load(state: Session, request: gr.Request):
+        if config.require_auth:
+            return sign_in("", state, request)
+        state, view, ended = handlers.resume(state, request)
+        view = view if view.signed_in else replace(view, status=ended)
+        return state, _sign_in_message(view), *_render_layout(view), *_render(view), \
+            session_cookie(state, config, ended)
+
+    def after_vote(state: Session, view: AnnotateView, better: str) -> tuple:
         # The better-answer box is cleared once the vote (and the answer with it) went through.
         return state, "" if view.recorded else better, *_render_layout(view, after_vote=True), \
             *_render(view, after_vote=True)
 
+    def vote(choice: str, pair_id, better: str, state: Session, request: gr.Request):
+        return after_vote(*handlers.vote(choice, pair_id, better, state, request), better)
+
     def vote_for(choice: str):
         def vote_button(pair_id, better: str, state: Session, request: gr.Request):
-            return vote(choice, pair_id, better, state, request)
+            state, view = handlers.vote(choice, pair_id, better, state, request)
+            # A person (not the API) sees the sign-in form come back when their session ended: say why there.
+            return *after_vote(state, view, better), gr.skip() if view.signed_in else _sign_in_message(view)
 
         return vote_button
 
@@ -334,14 +382,17 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
         return state, *_render_layout(view), *_render(view)
 
     fast = {"concurrency_limit": None, "show_progress": "hidden"}
-    sign_in_outputs = [session, sign_in_message, *layout_outputs, *pair_outputs]
-    sign_in_button.click(sign_in, [name_box, session], sign_in_outputs, api_name="sign_in", **fast)
-    name_box.submit(sign_in, [name_box, session], sign_in_outputs, api_visibility="private", **fast)
+    sign_in_outputs = [session, sign_in_message, *layout_outputs, *pair_outputs, cookie]
+    for sign_in_event in (
+        sign_in_button.click(sign_in, [name_box, session], sign_in_outputs, api_name="sign_in", **fast),
+        name_box.submit(sign_in, [name_box, session], sign_in_outputs, api_visibility="private", **fast),
+    ):
+        sign_in_event.then(None, [cookie], None, js=SET_COOKIE_JS)
     vote_outputs = [session, better_answer, *layout_outputs, *pair_outputs]
     for choice, button in buttons.items():
-        button.click(vote_for(choice), [shown_pair_id, better_answer, session], vote_outputs,
+        button.click(vote_for(choice), [shown_pair_id, better_answer, session], [*vote_outputs, sign_in_message],
                      api_visibility="private", **fast)
     api_vote.click(vote, [api_choice, shown_pair_id, better_answer, session], vote_outputs, api_name="vote", **fast)
     waiting_timer.tick(look_for_pair, [session], [session, *layout_outputs, *pair_outputs], api_visibility="private",
                        **fast)
-    return _AnnotateComponents(sign_in=sign_in, sign_in_inputs=[name_box, session], sign_in_outputs=sign_in_outputs)
+    return _AnnotateComponents(on_load=on_load, sign_in_outputs=sign_in_outputs, cookie=cookie)

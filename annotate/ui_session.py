@@ -69,6 +69,24 @@ def signed_in_name(session: Session | None, request, config: AppConfig) -> str |
     return config.sessions.from_request(request)[0] if config.sessions is not None else None
 
 
+# The session cookie is written by the page (Gradio sets no cookies of its own for an app without auth); Secure on
+# https, where a browser would otherwise send it in the clear after a redirect to http.
+SET_COOKIE_JS = """
+(cookie) => { if (cookie) document.cookie = cookie + (location.protocol === 'https:' ? '; Secure' : ''); }
+"""
+
+
+def session_cookie(session: Session, config: AppConfig, ended: str = "") -> str:
+    """What the page writes to document.cookie (SET_COOKIE_JS): a fresh token for whoever signed in here (a session
+    lasts `lifetime_s` from the last sign-in or page load), a clearing cookie when the old one ended, else nothing."""
+    sessions = config.sessions
+    if sessions is None or config.require_auth:
+        return ""
+    if session.name:
+        return sessions.cookie(sessions.issue(session.name))
+    return sessions.clearing_cookie() if ended else ""
+
+
 def session_ended(request, config: AppConfig) -> str:
     """Why this browser's session cookie no longer signs it in ("" when there is none, or it still does)."""
     if config.require_auth or config.sessions is None:
