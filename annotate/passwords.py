@@ -28,6 +28,7 @@ blocks the server's event loop for the time of one check)."""
 SCRYPT_MAXMEM = 256 * 1024 * 1024
 MIN_PASSWORD_CHARS = 8
 HASH_PREFIX = "scrypt$"
+NEW_FILE_HEADER = "# rlhf-loop auth file: name:scrypt hash, one per line (python app.py --add-user NAME)"
 
 
 class AuthFileError(Exception):
@@ -136,8 +137,7 @@ def set_password(path: str | Path, raw_name: str, password: str, **cost) -> tupl
         raise AuthFileError(f"{name}: names in an auth file cannot hold ':' (it separates name and password).")
     if len(password) < MIN_PASSWORD_CHARS:
         raise AuthFileError(f"Please use a password of at least {MIN_PASSWORD_CHARS} characters.")
-    lines = _read_lines(path) if path.exists() else ["# rlhf-loop auth file: name:scrypt hash, one per line "
-                                                     "(python app.py --add-user NAME)"]
+    lines = _read_lines(path) if path.exists() else [NEW_FILE_HEADER]
     entry = f"{name}:{hash_password(password, **cost)}"
     existing = _entries(path, lines).get(name)
     if existing is not None:

@@ -14,10 +14,10 @@ from pathlib import Path
 from starlette.middleware import Middleware
 
 from annotate.generation_job import ChildProcessPairGenerator
-from annotate.rounds_runner import RoundRunner
 from annotate.passwords import (
     AuthFileError, ClientAddressMiddleware, auth_file_warnings, password_checker, read_auth_file,
 )
+from annotate.rounds_runner import RoundRunner
 from annotate.serve import SHIPPED_GUIDELINES, ServeError, check_exposure, seed_prompts
 from annotate.store import Store
 from annotate.ui import build_app

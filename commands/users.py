@@ -10,7 +10,7 @@ import getpass
 import sys
 from pathlib import Path
 
-from annotate.passwords import AuthFileError, MIN_PASSWORD_CHARS, set_password, upgrade_auth_file
+from annotate.passwords import MIN_PASSWORD_CHARS, AuthFileError, set_password, upgrade_auth_file
 from annotate.store import Store
 from commands.config import LoopConfig
 

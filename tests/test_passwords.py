@@ -62,8 +62,8 @@ def test_a_plain_file_loads_with_warnings_and_one_command_upgrades_it(tmp_path):
     credentials = read_auth_file(path)
     assert credentials == {"alice": "s3cret:with:colons", "bob": "hunter22"}
     assert auth_file_warnings(path, credentials) == [
-        f"{path} holds 2 plain-text password(s) (alice, bob): store them as scrypt hashes with "
-        f"python app.py --upgrade-auth {path}",
+        (f"{path} holds 2 plain-text password(s) (alice, bob): store them as scrypt hashes with "
+         f"python app.py --upgrade-auth {path}"),
         f"{path} can be read by other users of this machine (mode 0644): chmod 600 {path}",
     ]
     upgraded, backup = upgrade_auth_file(path, **CHEAP)

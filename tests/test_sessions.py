@@ -109,5 +109,5 @@ def test_with_an_auth_file_the_login_name_is_normalised_and_no_cookie_is_written
     assert signed_in_name(Session(), SimpleNamespace(username=" ALICE "), config) == "alice"
     assert signed_in_name(Session(name="bob"), SimpleNamespace(username=None), config) is None
     handlers = AnnotateHandlers(parts.store, config, parts.annotate.job, parts.annotate.runner)
-    session, view, _ = handlers.sign_in("", Session(), SimpleNamespace(username="Alice"))
+    session, _view, _ = handlers.sign_in("", Session(), SimpleNamespace(username="Alice"))
     assert session.name == "alice" and session_cookie(session, config) == ""
