@@ -41,8 +41,27 @@ def summary_table(metrics: dict) -> str:
     return "\n".join(rows)
 
 
+def model_misfit(config: LoopConfig) -> str | None:
+    """Why the model cannot run the round with these settings (its context too short for them), or None: checked
+    before anything is read, trained or written."""
+    from rlhf.models import ModelNotFoundError, check_context
+
+    try:
+        check_context(config.app.model,
+                      {"[sampling] max_new_tokens": config.sampling.max_new_tokens,
+                       "[ppo] max_new_tokens": config.ppo.max_new_tokens},
+                      {"[reward] max_length": config.reward.max_length})
+    except ModelNotFoundError as error:
+        return str(error)
+    return None
+
+
 def train_round(args, config: LoopConfig) -> int:
-    """One round; exit 0 done, 3 refused (too few pairs, reward model below the bar), 4 another round running."""
+    """One round; exit 0 done, 2 a model its settings do not fit, 3 refused (too few pairs, reward model below the
+    bar), 4 another round running."""
+    if (misfit := model_misfit(config)) is not None:
+        print(f"error: {misfit}", file=sys.stderr)
+        return 2
     Path(config.app.db).parent.mkdir(parents=True, exist_ok=True)
     try:
         result = run_round(config.app.db, config.app.model, config, log=_log)
@@ -103,6 +122,9 @@ def demo_loop(args, config: LoopConfig) -> int:
         judge = resolve_judge(sim.annotator)
     except AnnotatorSpecError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    if (misfit := model_misfit(config)) is not None:
+        print(f"error: {misfit}", file=sys.stderr)
         return 2
     name = sim.annotator_name or f"sim:{sim.annotator}"
     Path(config.app.db).parent.mkdir(parents=True, exist_ok=True)

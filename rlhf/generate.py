@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
-from rlhf.models import format_prompt
+from rlhf.models import fit_prompts, format_prompt, prompt_budget
 from rlhf.sampling import AnswerSampling
 
 ProgressCallback = Callable[[int, int], None]
@@ -207,6 +207,8 @@ def generate_answers(
     if sampling.batch_size < 1 or sampling.max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be at least 1, got {sampling}")
     encoded = [encode_prompt(tokenizer, prompt) for prompt in prompts]
+    # before any answer: refuse a max_new_tokens the context cannot hold, cut prompts that would overflow it
+    encoded = fit_prompts(encoded, prompt_budget(model.config, sampling.max_new_tokens))
     jobs = [(i, j) for i in range(len(prompts)) for j in range(n_per_prompt)]  # (prompt index, sample index)
     jobs.sort(key=lambda job: len(encoded[job[0]]))
     results: list[list[Answer | None]] = [[None] * n_per_prompt for _ in prompts]

@@ -76,6 +76,11 @@ def convert_default_model(target: Path) -> Path:
     return target
 
 
+def needs_conversion(name: str | os.PathLike, cache_dir: Path = DEFAULT_CACHE_DIR) -> bool:
+    """Whether loading `name` converts the shipped GGUF first (the default model's first use here)."""
+    return str(name) == DEFAULT_MODEL and not (Path(cache_dir) / DEFAULT_MODEL_NAME / "config.json").is_file()
+
+
 def resolve_model_path(name: str | os.PathLike, cache_dir: Path = DEFAULT_CACHE_DIR) -> str:
     """Turn `--model` into something `from_pretrained` takes: "default" -> converted folder, else unchanged.
 
@@ -112,27 +117,185 @@ def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
     return torch.bfloat16 if device.type == "cpu" and cpu_has_bf16() else torch.float32
 
 
+class ModelSetupError(ModelNotFoundError):
+    """A model that loads but cannot be used as it is (checked before any work starts); the message says what to
+    change. A ModelNotFoundError, so every command that reports a bad --model reports it too."""
+
+
+MIN_PROMPT_TOKENS = 32
+"""Fewest prompt tokens the context must leave beside the answer: a chat template's own tokens and a short question
+(SmolLM2's template alone takes 21)."""
+
+_END_OF_TURN_PROBE = "rlhf-loop probe answer"
+_told: set[str] = set()
+
+
+def tell_once(message: str) -> None:
+    """Print a note about a model to stderr, once per process (every loader of the same folder would repeat it)."""
+    if message not in _told:
+        _told.add(message)
+        print(message, file=sys.stderr, flush=True)
+
+
+def end_of_turn_token(tokenizer) -> str | None:
+    """The special token the chat template writes right after an assistant's message: Llama 3's <|eot_id|>, Gemma's
+    <end_of_turn>, Phi-3's <|end|>, ChatML's <|im_end|>, Mistral's </s>. None without a template, or when what
+    follows the message is plain text."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    conversation = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _END_OF_TURN_PROBE}]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template may refuse any conversation it was not written for
+        return None
+    _, found, after = text.partition(_END_OF_TURN_PROBE)
+    if not found:
+        return None
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    for token_id in tokenizer(after, add_special_tokens=False)["input_ids"]:
+        if token_id in special:
+            return tokenizer.convert_ids_to_tokens(token_id)
+        if tokenizer.decode([token_id]).strip():
+            return None
+    return None
+
+
+def prepare_tokenizer(tokenizer, name: str = "the model"):
+    """Make a tokenizer fit the loop, in place, saying once what changed; refuse what cannot be fixed.
+
+    - A chat template that ends a turn with another token than EOS (Llama 3, Gemma, Phi-3): that token becomes
+      the EOS, so SFT and reward data end answers where the template ends a turn, and generation stops there (the
+      old EOS stays a stop id through the model's generation config, see `prepare_model_and_tokenizer`).
+    - No pad token: pad = EOS, as TRL does (every batch carries an attention mask, so padding is never read).
+    """
+    end_of_turn = end_of_turn_token(tokenizer)
+    if end_of_turn is not None and end_of_turn != tokenizer.eos_token:
+        tell_once(f"{name}: the chat template ends a turn with {end_of_turn}, not with the EOS "
+                  f"{tokenizer.eos_token}: answers end with {end_of_turn}, and generation stops at either.")
+        tokenizer.eos_token = end_of_turn
+    if tokenizer.eos_token is None:
+        raise ModelSetupError(
+            f"{name}: the tokenizer has no EOS token and the chat template ends a turn with no special token, so "
+            "nothing tells where an answer ends. Set the tokenizer's eos_token (or a chat template) and save it.")
+    if tokenizer.pad_token is None:
+        tell_once(f"{name}: the tokenizer has no pad token; padding with the EOS {tokenizer.eos_token}, as TRL does.")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _ids(value) -> list[int]:
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def prepare_model_and_tokenizer(model, tokenizer, name: str = "the model"):
+    """Check a loaded causal LM against its tokenizer before any work starts: fix what has one right answer, refuse
+    the rest with a message. Every loader calls it (`load_causal_lm` with the model's own tokenizer).
+
+    - the tokenizer, by `prepare_tokenizer` (end of turn as EOS, a pad token);
+    - a tokenizer with more tokens than the model has embedding rows: refused (an id past the table crashes the
+      first forward pass); more rows than tokens (Qwen) is fine;
+    - the model's config and generation config get the pad id, and every stop id: the generation config's, the
+      config's EOS and the tokenizer's (the chat template's end of turn), so `generate` by anyone stops at it.
+    """
+    prepare_tokenizer(tokenizer, name)
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise ModelSetupError(
+            f"{name}: the tokenizer has {len(tokenizer)} tokens but the model embeds only {rows}; token ids past "
+            f"{rows - 1} would crash. Resize the model (model.resize_token_embeddings(len(tokenizer))) and save it.")
+    model.config.pad_token_id = tokenizer.pad_token_id
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        stop_ids = _ids(generation_config.eos_token_id) + _ids(getattr(model.config, "eos_token_id", None))
+        stop_ids.append(tokenizer.eos_token_id)
+        generation_config.eos_token_id = sorted(set(stop_ids))
+        generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def context_length(config) -> int | None:
+    """Most tokens (prompt + answer) the model takes, from its config; None when the config does not say."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def prompt_budget(config, max_new_tokens: int, setting: str = "max_new_tokens") -> int | None:
+    """Most prompt tokens that fit beside `max_new_tokens` answer tokens in the model's context (None: the config
+    does not say, no limit). Fewer than MIN_PROMPT_TOKENS is refused with ModelSetupError naming `setting`."""
+    context = context_length(config)
+    if context is None:
+        return None
+    budget = context - max_new_tokens
+    if budget < MIN_PROMPT_TOKENS:
+        raise ModelSetupError(
+            f"The model's context holds {context} tokens: {setting} = {max_new_tokens} leaves {max(budget, 0)} for "
+            f"the prompt, fewer than {MIN_PROMPT_TOKENS}. Set {setting} to at most {context - MIN_PROMPT_TOKENS}.")
+    return budget
+
+
+def check_context(name_or_path: str | os.PathLike, max_new_tokens: dict[str, int],
+                  max_lengths: dict[str, int] | None = None) -> None:
+    """Refuse, before any work starts, settings the model's context cannot hold (read from its config alone):
+    `max_new_tokens` maps settings such as "[ppo] max_new_tokens" to their values, which must leave room for a
+    prompt; `max_lengths` maps settings such as "[reward] max_length" (whole sequences) to theirs."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(resolve_model_path(name_or_path))
+    for setting, value in max_new_tokens.items():
+        prompt_budget(config, value, setting)
+    context = context_length(config)
+    for setting, value in (max_lengths or {}).items():
+        if context is not None and value > context:
+            raise ModelSetupError(f"The model's context holds {context} tokens: {setting} = {value} is longer. "
+                                  f"Set {setting} to at most {context}.")
+
+
+def fit_prompts(prompt_ids: list[list[int]], budget: int | None) -> list[list[int]]:
+    """Encoded prompts cut from the start to at most `budget` tokens (the end, which the answer follows, stays), as
+    PPO cuts to max_prompt_length; says how many were cut. A prompt never runs past the model's context."""
+    if budget is None:
+        return prompt_ids
+    cut = sum(len(ids) > budget for ids in prompt_ids)
+    if cut:
+        print(f"{cut} of {len(prompt_ids)} prompts are longer than the {budget} tokens the model's context leaves "
+              "them: they lose their start.", file=sys.stderr, flush=True)
+    return [ids[-budget:] for ids in prompt_ids]
+
+
 def load_tokenizer(name_or_path: str | os.PathLike, padding_side: str = "left"):
-    """The tokenizer with an explicit pad token (EOS when it has none) and padding side.
+    """The tokenizer, made ready by `prepare_tokenizer` (an EOS where answers end, a pad token), padding on
+    `padding_side`.
 
     The default model's pad token equals its EOS, so callers must always pass attention masks.
     """
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    prepare_tokenizer(tokenizer, str(name_or_path))
     tokenizer.padding_side = padding_side
     return tokenizer
 
 
-def load_causal_lm(name_or_path: str | os.PathLike, dtype: torch.dtype | None = None) -> PreTrainedModel:
-    """A causal LM from `--model` (resolving "default"), with pad_token_id set in its config."""
+def load_causal_lm(
+    name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, tokenizer=None
+) -> PreTrainedModel:
+    """A causal LM from `--model` (resolving "default"), checked and fixed by `prepare_model_and_tokenizer` against
+    `tokenizer` (by default its own, loaded from the same place)."""
     path = resolve_model_path(name_or_path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     except OSError as error:
         raise ModelNotFoundError(f"Could not load model {name_or_path!r}: {error}") from error
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = model.config.eos_token_id
+    if tokenizer is None:
+        try:
+            tokenizer = load_tokenizer(path)
+        except (OSError, ValueError):  # a folder without a tokenizer: whoever pairs one with it checks then
+            if model.config.pad_token_id is None:
+                model.config.pad_token_id = model.config.eos_token_id
+            return model
+    prepare_model_and_tokenizer(model, tokenizer, str(name_or_path))
     return model
 
 
@@ -155,7 +318,7 @@ def build_tiny_model(out_dir: Path, tokenizer, seed: int = 0) -> Path:
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=512,
+        max_position_embeddings=8192,  # as the real SmolLM2: no setting of the tests runs into it
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -62,3 +62,13 @@ def tiny_model(tiny_model_dir):
     model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape, generator=generator))
     model.config.tie_word_embeddings = False
     return model
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory, real_tokenizer) -> dict:
+    """Folders of tiny random models of every family of rlhf.tiny_models (Llama 3, Qwen2, Gemma 3, Phi-3, Mistral),
+    each with the real tokenizer dressed in the family's special tokens and chat template."""
+    from rlhf.tiny_models import FAMILIES, build_family_model
+
+    root = tmp_path_factory.mktemp("model-matrix")
+    return {name: build_family_model(name, root / name, real_tokenizer) for name in FAMILIES}

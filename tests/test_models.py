@@ -3,9 +3,12 @@ import torch
 
 from rlhf.models import (
     ModelNotFoundError,
+    ModelSetupError,
+    end_of_turn_token,
     format_prompt,
     load_causal_lm,
     load_tokenizer,
+    prepare_tokenizer,
     resolve_model_path,
 )
 
@@ -63,3 +66,134 @@ def test_default_model_generates_an_answer_to_a_shipped_prompt():
         out = model.generate(**batch, max_new_tokens=24, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     answer = tokenizer.decode(out[0, batch.input_ids.shape[1]:], skip_special_tokens=True)
     assert answer.strip()
+
+
+# ---- a model the loop cannot use as shipped: fixed or refused before any work starts ---------------------------
+
+
+def test_end_of_turn_token_is_read_from_the_chat_template(real_tokenizer):
+    import copy
+
+    assert end_of_turn_token(real_tokenizer) == "<|im_end|>"  # SmolLM2's EOS already: nothing to change
+    plain = copy.deepcopy(real_tokenizer)
+    plain.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n\n{% endfor %}"
+    assert end_of_turn_token(plain) is None  # a turn that ends with plain text has no token to stop at
+    plain.chat_template = None
+    assert end_of_turn_token(plain) is None
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_eos_and_says_so_once(tmp_path, real_tokenizer, capsys):
+    from rlhf.tiny_models import build_family_model
+
+    folder = build_family_model("mistral", tmp_path / "mistral", real_tokenizer)  # Mistral ships no pad token
+    tokenizers = [load_tokenizer(folder), load_tokenizer(folder)]
+    model = load_causal_lm(folder)
+    assert all(t.pad_token == t.eos_token == "</s>" for t in tokenizers)
+    assert model.config.pad_token_id == model.generation_config.pad_token_id == tokenizers[0].eos_token_id
+    assert capsys.readouterr().err.count("no pad token; padding with the EOS </s>") == 1
+
+
+def test_a_tokenizer_larger_than_the_embedding_table_is_refused(tmp_path, real_tokenizer):
+    from rlhf.tiny_models import build_family_model
+
+    # the Llama 3 tokenizer adds 5 special tokens to SmolLM2's 49152; a model embedding only 49152 cannot read them
+    folder = build_family_model("llama", tmp_path / "llama", real_tokenizer, vocab_size=49152)
+    with pytest.raises(ModelSetupError, match=r"49157 tokens but the model embeds only 49152.*resize_token_embeddings"):
+        load_causal_lm(folder)
+
+
+def test_a_tokenizer_with_no_eos_and_no_chat_template_is_refused(real_tokenizer):
+    import copy
+
+    tokenizer = copy.deepcopy(real_tokenizer)
+    tokenizer.chat_template, tokenizer.eos_token = None, None
+    with pytest.raises(ModelSetupError, match="nothing tells where an answer ends"):
+        prepare_tokenizer(tokenizer, "bare")
+
+
+@pytest.fixture(scope="module")
+def short_context_dir(tmp_path_factory, real_tokenizer):
+    """A tiny GPT-2 with a 64-token context: its positions are learned, so a position past 63 crashes (a RoPE model
+    only degrades), which shows whether a long prompt is cut."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(real_tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                        bos_token_id=real_tokenizer.bos_token_id, eos_token_id=real_tokenizer.eos_token_id)
+    out = tmp_path_factory.mktemp("gpt2-64")
+    GPT2LMHeadModel(config).save_pretrained(out)
+    real_tokenizer.save_pretrained(out)
+    return out
+
+
+LONG_PROMPT = "Tell me about " + " and ".join(f"thing {i}" for i in range(60)) + "."
+
+
+def test_a_prompt_longer_than_the_context_loses_its_start_instead_of_crashing(short_context_dir, capsys):
+    from rlhf.generate import AnswerSampling, encode_prompt, generate_answers
+
+    tokenizer, model = load_tokenizer(short_context_dir), load_causal_lm(short_context_dir)
+    ids = torch.tensor([encode_prompt(tokenizer, LONG_PROMPT)])
+    assert ids.shape[1] > 64
+    with pytest.raises(IndexError):  # what a round would meet without the cut
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4)
+    sampling = AnswerSampling(max_new_tokens=8, temperature=1.0, seed=0)
+    answer = generate_answers(model, tokenizer, [LONG_PROMPT, "Hi"], n_per_prompt=1, sampling=sampling).answers[0][0]
+    assert 0 < answer.n_tokens <= 8
+    assert "1 of 2 prompts are longer than the 56 tokens the model's context leaves them" in capsys.readouterr().err
+
+
+def test_max_new_tokens_that_leave_no_room_for_a_prompt_are_refused_before_generating(short_context_dir):
+    from rlhf.generate import AnswerSampling, generate_answers
+
+    tokenizer, model = load_tokenizer(short_context_dir), load_causal_lm(short_context_dir)
+    with pytest.raises(ModelSetupError, match="context holds 64 tokens: max_new_tokens = 40 leaves 24 for the prompt"
+                                              ".*at most 32"):
+        generate_answers(model, tokenizer, ["Hi"], sampling=AnswerSampling(max_new_tokens=40))
+
+
+def test_ppo_cuts_prompts_to_what_the_context_leaves_and_runs_on_them(short_context_dir, real_tokenizer, tmp_path):
+    from transformers import AutoConfig
+
+    from rlhf.ppo.config import PPOConfig
+    from rlhf.ppo.train import fit_prompt_length, train_ppo
+    from rlhf.reward.model import RewardModel
+
+    model_config = AutoConfig.from_pretrained(short_context_dir)
+    assert fit_prompt_length(PPOConfig(max_new_tokens=8), model_config).max_prompt_length == 56
+    assert fit_prompt_length(PPOConfig(max_new_tokens=8, max_prompt_length=20), model_config).max_prompt_length == 20
+    with pytest.raises(ModelSetupError, match=r"\[ppo\] max_new_tokens = 40"):
+        fit_prompt_length(PPOConfig(max_new_tokens=40), model_config)
+    reward_dir = RewardModel.from_causal_lm(short_context_dir).save_pretrained(tmp_path / "rm", real_tokenizer)
+    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=8, steps=1)
+    result = train_ppo(short_context_dir, reward_dir, [LONG_PROMPT, "Hi"], config, tmp_path / "actor")
+    assert result.config["max_prompt_length"] == 56
+    assert torch.isfinite(torch.tensor(result.history[-1]["ppo/kl"]))
+
+
+def test_sft_cuts_examples_to_the_context(short_context_dir, tmp_path):
+    from rlhf.sft.config import SFTConfig
+    from rlhf.sft.train import train_sft
+
+    result = train_sft(short_context_dir, [(LONG_PROMPT, "Thing one is " + "very " * 40 + "nice.")],
+                       SFTConfig(epochs=1, batch_size=1), tmp_path / "sft", show_bar=False)
+    assert result.truncated == 1 and torch.isfinite(torch.tensor(result.losses)).all()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ([], r"\[sampling\] max_new_tokens = 512 leaves 0 for the prompt"),
+    (["sampling.max_new_tokens=8", "ppo.max_new_tokens=60"], r"\[ppo\] max_new_tokens = 60 leaves 4"),
+    (["sampling.max_new_tokens=8", "ppo.max_new_tokens=8"], r"\[reward\] max_length = 512 is longer"),
+])
+def test_a_round_the_context_cannot_hold_is_refused_before_it_touches_the_database(short_context_dir, tmp_path,
+                                                                                   capsys, setting, message):
+    import re
+
+    import app
+
+    db = tmp_path / "data" / "loop.db"
+    for command in ("--train-round", "--demo-loop"):
+        arguments = [command, "--model", str(short_context_dir), "--db", str(db)]
+        assert app.main(arguments + [arg for s in setting for arg in ("--set", s)]) == 2
+        assert re.search(message, capsys.readouterr().err)
+        assert not db.parent.exists()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -11,7 +11,7 @@ from accelerate import Accelerator
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from rlhf.models import load_causal_lm, load_tokenizer
+from rlhf.models import context_length, load_causal_lm, load_tokenizer, prompt_budget, tell_once
 from rlhf.distributed import make_accelerator
 from rlhf.ppo.trainer import PPOConfig, PPOTrainer
 from rlhf.reward.model import RewardModel
@@ -63,6 +63,18 @@ def _same_model(a: str | Path, b: str | Path) -> bool:
     return str(a) == str(b)
 
 
+def fit_prompt_length(config: PPOConfig, model_config) -> PPOConfig:
+    """`config` with max_prompt_length lowered so that prompt + max_new_tokens fit the model's context (refused with
+    a ModelSetupError when max_new_tokens leaves no room for a prompt)."""
+    budget = prompt_budget(model_config, config.max_new_tokens, "[ppo] max_new_tokens")
+    if budget is None or budget >= config.max_prompt_length:
+        return config
+    tell_once(f"PPO: prompts are cut to their last {budget} tokens, not max_prompt_length = "
+              f"{config.max_prompt_length}, so that they fit the model's {context_length(model_config)}-token "
+              f"context with max_new_tokens = {config.max_new_tokens}.")
+    return replace(config, max_prompt_length=budget)
+
+
 def build_ppo_trainer(
     actor_path: str | Path,
     reward_model_path: str | Path,
@@ -84,13 +96,15 @@ def build_ppo_trainer(
     same_reference = reference_path is None or _same_model(reference_path, actor_path)
     same_critic = critic_path is None or _same_model(critic_path, reward_model_path)
     tokenizer = load_tokenizer(actor_path)
-    actor = load_causal_lm(actor_path)  # trained: fp32 weights, bf16 autocast where the hardware has it
+    # trained: fp32 weights, bf16 autocast where the hardware has it
+    actor = load_causal_lm(actor_path, tokenizer=tokenizer)
+    config = fit_prompt_length(config, actor.config)
     critic = RewardModel.from_pretrained(critic_path or reward_model_path)
     reference = reward_model = None
     if config.use_lora:
         actor, critic = add_lora(actor, config, causal_lm=True), add_lora(critic, config, causal_lm=False)
     if not (config.use_lora and same_reference):
-        reference = load_causal_lm(reference_path or actor_path, dtype=torch.float32)
+        reference = load_causal_lm(reference_path or actor_path, dtype=torch.float32, tokenizer=tokenizer)
     if not (config.use_lora and same_critic):
         reward_model = RewardModel.from_pretrained(reward_model_path, dtype=torch.float32)
     return PPOTrainer(actor, critic, tokenizer, config, reward_model=reward_model, reference=reference,
@@ -112,4 +126,4 @@ def train_ppo(
     trainer = build_ppo_trainer(actor_path, reward_model_path, config, reference_path, critic_path, accelerator)
     history = trainer.train(prompts, on_step=on_step)
     saved = trainer.save_actor(out_dir)
-    return PPOResult(history=history, saved_path=saved, config=asdict(config))
+    return PPOResult(history=history, saved_path=saved, config=asdict(trainer.config))  # max_prompt_length as fitted

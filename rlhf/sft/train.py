@@ -161,7 +161,7 @@ def train_sft(
     from accelerate.utils import set_seed
 
     from rlhf.distributed import make_accelerator
-    from rlhf.models import load_causal_lm, load_tokenizer
+    from rlhf.models import context_length, load_causal_lm, load_tokenizer, tell_once
 
     config = config or SFTConfig()
     if not examples:
@@ -170,13 +170,17 @@ def train_sft(
     accelerator = make_accelerator("auto", gradient_accumulation_steps=config.gradient_accumulation_steps)
     set_seed(config.seed)
     tokenizer = load_tokenizer(model_path)
-    model = load_causal_lm(model_path)
+    model = load_causal_lm(model_path, tokenizer=tokenizer)
     model.config.use_cache = False  # no KV cache while training; restored before saving
+    max_length = min(config.max_length, context_length(model.config) or config.max_length)
+    if max_length < config.max_length:
+        tell_once(f"SFT: examples are cut to the model's context of {max_length} tokens, not max_length = "
+                  f"{config.max_length}.")
 
-    encoded = [encode_example(tokenizer, p, r, config.max_length) for p, r in examples]
+    encoded = [encode_example(tokenizer, p, r, max_length) for p, r in examples]
     truncated = sum(cut for _, _, cut in encoded)
     if truncated:
-        accelerator.print(f"SFT: {truncated} of {len(encoded)} examples cut to max_length={config.max_length} tokens.")
+        accelerator.print(f"SFT: {truncated} of {len(encoded)} examples cut to max_length={max_length} tokens.")
     loader = torch.utils.data.DataLoader(
         [(ids, labels) for ids, labels, _ in encoded], batch_size=config.batch_size, shuffle=True,
         collate_fn=lambda items: collate_right_padded(items, tokenizer.pad_token_id),
