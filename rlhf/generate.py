@@ -29,8 +29,10 @@ from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
+from transformers import GenerationConfig
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
+from rlhf.generation_config import generate_with, neutral_generation_config
 from rlhf.models import fit_prompts, format_prompt, prompt_budget
 from rlhf.sampling import AnswerSampling
 
@@ -135,17 +137,16 @@ def response_mask_until_eos(response_ids: torch.Tensor, eos_ids: list[int]) -> t
     return (eos_before == 0).long(), is_eos.any(dim=1)
 
 
-def _generation_kwargs(sampling: AnswerSampling, eos_ids: list[int], pad_id: int) -> dict:
-    kwargs = dict(
-        max_new_tokens=sampling.max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True,
-        do_sample=not sampling.greedy, num_beams=1,
-    )
+def _answer_config(sampling: AnswerSampling, eos_ids: list[int], pad_id: int) -> GenerationConfig:
+    """[sampling]'s settings and nothing else: every other processor neutral (rlhf.generation_config), top_k 0 off
+    (left unset, transformers would fill in the model's top_k or its own default of 50). The repetition penalty is
+    passed as a processor of its own (generate_tokens), which counts the answer's tokens only."""
     if sampling.greedy:
-        # The model's own generation config may carry sampling settings; neutral values keep generate quiet.
-        kwargs.update(temperature=None, top_p=None, top_k=None)
-    else:
-        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
-    return kwargs
+        return neutral_generation_config(do_sample=False, max_new_tokens=sampling.max_new_tokens,
+                                         eos_token_id=eos_ids, pad_token_id=pad_id)
+    return neutral_generation_config(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                     top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens,
+                                     eos_token_id=eos_ids, pad_token_id=pad_id)
 
 
 @torch.no_grad()
@@ -165,9 +166,9 @@ def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], samplin
         # Left padding puts every prompt in the first P columns, so ignoring P tokens ignores exactly the prompts.
         processors.append(RepetitionPenaltyLogitsProcessor(float(sampling.repetition_penalty),
                                                            prompt_ignore_length=prompt_ids.shape[1]))
-    output = model.generate(
-        input_ids=prompt_ids, attention_mask=prompt_mask, logits_processor=processors,
-        **_generation_kwargs(sampling, eos_ids, pad_id),
+    output = generate_with(  # nothing of the model's own generation_config.json: [sampling] alone
+        model, _answer_config(sampling, eos_ids, pad_id), input_ids=prompt_ids, attention_mask=prompt_mask,
+        logits_processor=processors,
     )
     response_ids = output[:, prompt_ids.shape[1]:]  # (B, T), T <= max_new_tokens
     response_mask, ended = response_mask_until_eos(response_ids, eos_ids)  # (B, T), (B,)

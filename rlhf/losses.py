@@ -55,10 +55,14 @@ def gather_log_probs(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of softmax(logits) per position: H = logsumexp(z) - sum_v softmax(z)_v z_v.  (B, L, V) -> (B, L)"""
+    """Entropy of softmax(logits) per position: H = logsumexp(z) - sum_v softmax(z)_v z_v.  (B, L, V) -> (B, L)
+
+    Logits of -inf (tokens a sampling warper removed) have probability 0 and add nothing (not 0 * -inf = NaN).
+    """
     logits = _fp32(logits)
     probs = torch.softmax(logits, dim=-1)  # (B, L, V)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)  # (B, L)
+    finite = logits.masked_fill(torch.isneginf(logits), 0.0)  # (B, L, V)
+    return torch.logsumexp(logits, dim=-1) - (probs * finite).sum(dim=-1)  # (B, L)
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

@@ -20,7 +20,8 @@ class AnswerSampling:
     """Keep only the k most likely tokens before sampling (0 disables it)."""
     repetition_penalty: float = 1.1
     """CTRL's penalty on tokens already in the answer (the prompt is not counted: its words and the chat
-    template's EOS stay free); applied after top-p picked the nucleus. 1.0 disables it; 1.2 already derails."""
+    template's EOS stay free); applied to the logits before temperature, top-k and top-p (transformers' order). 1.0
+    disables it; 1.2 already derails."""
     batch_size: int = 16
     """Sequences generated together in one left-padded batch."""
     seed: int | None = None

@@ -72,6 +72,26 @@ def test_generated_tokens_can_feed_a_training_forward_pass(tiny_model, tokenizer
     tiny_model.zero_grad(set_to_none=True)
 
 
+def test_answers_are_sampled_with_our_settings_alone_whatever_the_model_ships(tiny_model, tokenizer):
+    """[sampling] decides; a checkpoint's generation_config.json (Qwen ships a repetition penalty, top-k and top-p)
+    does not add to it, not even top-k where [sampling] leaves it at 0 (transformers would fill in the model's)."""
+    import copy
+
+    from transformers import GenerationConfig
+
+    sampling = AnswerSampling(max_new_tokens=6, temperature=0.7, top_p=0.95, top_k=0, repetition_penalty=1.1, seed=3)
+    ours = generate_answers(tiny_model, tokenizer, PROMPTS, sampling=sampling).answers
+    shipping = copy.deepcopy(tiny_model)
+    shipping.generation_config = GenerationConfig(
+        do_sample=True, temperature=0.2, top_k=1, top_p=0.5, min_p=0.5, repetition_penalty=2.0, no_repeat_ngram_size=1,
+        suppress_tokens=[tokenizer.eos_token_id], sequence_bias={(11,): 5.0}, eos_token_id=tokenizer.eos_token_id)
+    assert generate_answers(shipping, tokenizer, PROMPTS, sampling=sampling).answers == ours
+    assert shipping.generation_config.top_k == 1  # the model's own settings are back after generating
+    # the check can fail: given a say, the model's top_k 1 alone would make every answer the greedy one
+    greedy = generate_answers(tiny_model, tokenizer, PROMPTS, sampling=AnswerSampling(max_new_tokens=6, temperature=0))
+    assert [row[:1] for row in ours] != greedy.answers
+
+
 def test_a_seed_repeats_the_draws_and_leaves_the_callers_random_state_alone(tiny_model, tokenizer):
     sampling = AnswerSampling(max_new_tokens=6, temperature=1.0, seed=7)
     torch.manual_seed(123)

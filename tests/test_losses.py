@@ -63,6 +63,8 @@ def test_entropy_from_logits():
     logits = torch.tensor([[[1.0, 1.0, 1.0, 1.0], [0.0, math.log(2), math.log(3), -float("inf")]]])  # (1, 2, 4)
     close(entropy_from_logits(logits[..., :3]), [[math.log(3), 1.011404]])
     close(entropy_from_logits(logits[:, :1]), [[1.386294]])
+    # a token a sampling warper removed (-inf) has probability 0 and adds nothing: the same 1.011404, not NaN
+    close(entropy_from_logits(logits[:, 1:]), [[1.011404]])
 
 
 # --------------------------------------------------------------------------------------- whitening

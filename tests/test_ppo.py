@@ -16,6 +16,7 @@ from rlhf.models import format_prompt, load_causal_lm, load_tokenizer, resolve_m
 from rlhf.ppo.trainer import PPOConfig, PPOTrainer
 from rlhf.generate import response_mask_until_eos
 from rlhf.ppo.experience import position_ids_from_mask, response_log_probs
+from rlhf.ppo.warping import Warping
 from rlhf.ppo.train import _same_model, add_lora, build_ppo_trainer, train_ppo
 from rlhf.reward.model import RewardModel, RewardOutput
 
@@ -183,7 +184,8 @@ def test_log_probs_are_those_of_the_tempered_distribution():
     mask = torch.ones_like(sequences)
     # T = 1: softmax([0, ln 3]) = [1/4, 3/4]. T = 0.5: softmax([0, 2 ln 3]) = [1/10, 9/10].
     plain, _ = response_log_probs(_FixedLogits(), sequences, mask, 2)
-    tempered, entropy = response_log_probs(_FixedLogits(), sequences, mask, 2, with_entropy=True, temperature=0.5)
+    tempered, entropy = response_log_probs(_FixedLogits(), sequences, mask, 2, with_entropy=True,
+                                           warping=Warping(temperature=0.5))
     assert torch.allclose(plain, torch.tensor([[math.log(3 / 4), math.log(1 / 4)]]))
     assert torch.allclose(tempered, torch.tensor([[math.log(9 / 10), math.log(1 / 10)]]))
     # entropy of [1/10, 9/10] = -(0.1 ln 0.1 + 0.9 ln 0.9) = 0.325083
@@ -284,10 +286,9 @@ def test_lora_ppo_learns_with_the_reference_held_once(peaked_model_dir, tokenize
     real = action_mask.bool()
     with torch.inference_mode():
         reference = trainer.reference_log_probs(sequences, attention_mask, width)
-        temperature = trainer.config.temperature
-        untouched = response_log_probs(base, sequences, attention_mask, width, temperature=temperature)[0]
-        trained = response_log_probs(trainer.unwrapped_actor(), sequences, attention_mask, width,
-                                     temperature=temperature)[0]
+        warping = trainer.warping
+        untouched = response_log_probs(base, sequences, attention_mask, width, warping=warping)[0]
+        trained = response_log_probs(trainer.unwrapped_actor(), sequences, attention_mask, width, warping=warping)[0]
     assert torch.allclose(reference[real], untouched[real], atol=1e-5)
     assert not torch.allclose(trained[real], untouched[real], atol=1e-3)
 
@@ -295,7 +296,7 @@ def test_lora_ppo_learns_with_the_reference_held_once(peaked_model_dir, tokenize
     assert (saved / "model.safetensors").is_file() and not (saved / "adapter_config.json").exists()
     reloaded = load_causal_lm(saved).eval()
     with torch.inference_mode():
-        merged = response_log_probs(reloaded, sequences, attention_mask, width, temperature=temperature)[0]
+        merged = response_log_probs(reloaded, sequences, attention_mask, width, warping=warping)[0]
     assert torch.allclose(merged[real], trained[real], atol=1e-4)
     assert hasattr(trainer.unwrapped_actor(), "disable_adapter")  # merging worked on a copy
 

@@ -30,14 +30,16 @@ class PPOConfig:
     max_new_tokens: int = 48
     """Longest response sampled."""
     min_new_tokens: int = 0
-    """EOS is suppressed before this many tokens; = max_new_tokens always generates the full length (benches)."""
+    """EOS is suppressed before this many tokens (in the log-probs too); = max_new_tokens always generates the full
+    length (benches)."""
     temperature: float = 0.7
     """Sampling temperature, > 0; log-probs, ratios and KL use softmax(logits / temperature), the distribution
     sampled from (as TRL does; DeepSpeed-Chat takes the raw logits)."""
     top_k: int = 0
-    """Sample among the k most likely tokens only; 0 = off."""
+    """Sample among the k most likely tokens only, and take log-probs and KL over them; 0 = off."""
     top_p: float = 1.0
-    """Nucleus sampling threshold; 1.0 = off."""
+    """Nucleus sampling threshold, in the log-probs and KL too; 1.0 = off. Nothing else shapes PPO's sampling: a
+    model's own generation_config.json (repetition penalty, min-p...) is ignored (rlhf.generation_config)."""
     max_prompt_length: int = 256
     """Prompts are cut to their last this many tokens (the end holds the chat template's generation prompt)."""
     actor_lr: float = 9.65e-6
@@ -88,8 +90,14 @@ class PPOConfig:
                              f"least 1 (got {self.steps}, {self.epochs} and {self.max_new_tokens})")
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError("min_new_tokens cannot exceed max_new_tokens")
+        if self.min_new_tokens < 0:
+            raise ValueError(f"min_new_tokens must be 0 (off) or more, not {self.min_new_tokens}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be above 0 (PPO samples), not {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be 0 (off) or a number of tokens, not {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be above 0 and at most 1 (1 = off), not {self.top_p}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, not {self.mixed_precision!r}")
 

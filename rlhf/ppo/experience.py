@@ -14,7 +14,9 @@ import torch
 from transformers import GenerationConfig
 
 from rlhf.generate import position_ids_from_mask, response_mask_until_eos
+from rlhf.generation_config import generate_with, neutral_generation_config
 from rlhf.losses import entropy_from_logits, gather_log_probs
+from rlhf.ppo.warping import Warping
 
 Tensor = torch.Tensor
 
@@ -60,27 +62,22 @@ class Experience:
         return Experience(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
-def sampling_config(
-    tokenizer,
-    eos_ids: list[int],
-    max_new_tokens: int,
-    min_new_tokens: int,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-) -> GenerationConfig:
-    """An explicit generation config, so a model's shipped defaults (repetition penalty...) never change the policy."""
-    return GenerationConfig(
+def sampling_config(tokenizer, warping: Warping, max_new_tokens: int) -> GenerationConfig:
+    """PPO's generation settings: `warping` (temperature, top-k, top-p, min_new_tokens), every other processor off.
+
+    Built from scratch (rlhf.generation_config), so a model's shipped defaults (repetition penalty, min-p...) never
+    change the distribution sampled: `response_log_probs` with the same `warping` gives its log-probs.
+    """
+    return neutral_generation_config(
         do_sample=True,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
+        temperature=warping.temperature,
+        top_k=warping.top_k,
+        top_p=warping.top_p,
         max_new_tokens=max_new_tokens,
-        min_new_tokens=min_new_tokens,
-        eos_token_id=eos_ids,
+        min_new_tokens=warping.min_new_tokens,
+        eos_token_id=list(warping.eos_ids),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
-        use_cache=True,
     )
 
 
@@ -90,11 +87,10 @@ def generate_responses(
     """Sample one response per prompt; returns (sequences, attention_mask, action_mask, ended).
 
     `actor` is the unwrapped model; call under torch.no_grad (or inference_mode). The response is padded to the
-    longest one in the batch (generation stops when every row has produced EOS or at the limit).
+    longest one in the batch (generation stops when every row has produced EOS or at the limit). Nothing of the
+    actor's own generation_config is used (`generate_with`).
     """
-    sequences = actor.generate(
-        input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config
-    )  # (B, P+T)
+    sequences = generate_with(actor, generation_config, input_ids=prompt_ids, attention_mask=prompt_mask)  # (B, P+T)
     response = sequences[:, prompt_ids.shape[1]:]  # (B, T)
     action_mask, ended = response_mask_until_eos(response, eos_ids)  # (B, T), (B,): cut after the first EOS
     attention_mask = torch.cat([prompt_mask.long(), action_mask], dim=1)  # (B, P+T)
@@ -103,16 +99,16 @@ def generate_responses(
 
 def response_log_probs(
     model, sequences: Tensor, attention_mask: Tensor, response_width: int, with_entropy: bool = False,
-    temperature: float = 1.0,
+    warping: Warping = Warping(),
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (B, T) of the response tokens under softmax(logits / temperature), and its entropy (B, T) when asked.
+    """Log-probs (B, T) of the response tokens under the warped distribution, and its entropy (B, T) when asked.
 
-    PPO passes its sampling temperature: the log-probs are then those of the distribution the tokens were drawn
-    from (as TRL does), so the ratio is on-policy and the KL estimate log pi - log pi_ref is unbiased. Raw
-    logits (DeepSpeed-Chat) at temperature 0.7 make the sampled tokens look likelier than they were drawn, and a
-    round measured a KL of -0.29 per answer. Only the last T + 1 positions go through the LM head
-    (`logits_to_keep`): the prompt's logits are never needed and the vocabulary projection is the largest
-    matmul of a small model.
+    PPO passes its sampling settings (temperature, top-k, top-p, min_new_tokens: rlhf.ppo.warping): the log-probs
+    are then those of the distribution the tokens were drawn from (TRL divides by the temperature), so the ratio is
+    on-policy and the KL estimate log pi - log pi_ref is unbiased. Raw logits (DeepSpeed-Chat) at temperature 0.7
+    make the sampled tokens look likelier than they were drawn, and a round measured a KL of -0.29 per answer.
+    Only the last T + 1 positions go through the LM head (`logits_to_keep`): the prompt's logits are never needed
+    and the vocabulary projection is the largest matmul of a small model.
     """
     logits = model(
         input_ids=sequences,
@@ -121,11 +117,12 @@ def response_log_probs(
         logits_to_keep=response_width + 1,
         use_cache=False,
     ).logits[:, :-1]  # (B, T, V): the logits at P+t-1 predict response token t
-    if temperature != 1.0:
+    tokens = sequences[:, -response_width:]  # (B, T)
+    if not warping.is_identity:
         # in fp32: under autocast a frozen model's logits are bf16, the prepared actor's fp32, and a bf16 division
         # would round the two differently (KL 0.04 per answer between identical models instead of 0)
-        logits = logits.float() / temperature  # (B, T, V)
-    log_probs = gather_log_probs(logits, sequences[:, -response_width:])  # (B, T)
+        logits = warping.apply(logits, tokens)  # (B, T, V) fp32, -inf where generate() could not sample
+    log_probs = gather_log_probs(logits, tokens)  # (B, T)
     entropy = None
     if with_entropy:
         with torch.no_grad():

@@ -42,6 +42,7 @@ from rlhf.ppo.experience import (
     sampling_config,
     sequence_answer_mask,
 )
+from rlhf.ppo.warping import Warping
 
 Tensor = torch.Tensor
 
@@ -68,8 +69,10 @@ class PPOTrainer:
             raise ValueError("PPOTrainer needs a reward model, or a LoRA (peft) critic initialised from it")
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(actor, tokenizer)  # the tokenizer's EOS and the model's configured ones
-        self.generation_config = sampling_config(tokenizer, self.eos_ids, config.max_new_tokens,
-                                                 config.min_new_tokens, config.temperature, config.top_k, config.top_p)
+        # one set of sampling settings for generate() and for every log-prob (actor, old, reference)
+        self.warping = Warping(config.temperature, config.top_k, config.top_p, config.min_new_tokens,
+                               tuple(self.eos_ids))
+        self.generation_config = sampling_config(tokenizer, self.warping, config.max_new_tokens)
         lora = config.use_lora
         actor_optimizer = self._optimizer(actor, config.lora_lr if lora else config.actor_lr)
         critic_optimizer = self._optimizer(critic, config.lora_lr if lora else config.critic_lr)
@@ -109,13 +112,13 @@ class PPOTrainer:
         return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
 
     def reference_log_probs(self, sequences: Tensor, attention_mask: Tensor, width: int) -> Tensor:
-        """(B, T) reference log-probs; call under inference_mode."""
+        """(B, T) reference log-probs under the same sampling warping as the actor's (so equal weights give a KL of
+        exactly 0, and a token the reference's own top-k/top-p would drop still scores finitely); inference_mode."""
         if self.reference is not None:
-            return response_log_probs(self.reference, sequences, attention_mask, width,
-                                      temperature=self.config.temperature)[0]
+            return response_log_probs(self.reference, sequences, attention_mask, width, warping=self.warping)[0]
         with self.unwrapped_actor().disable_adapter():
             return response_log_probs(self.unwrapped_actor(), sequences, attention_mask, width,
-                                      temperature=self.config.temperature)[0]
+                                      warping=self.warping)[0]
 
     def reward_scores(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor) -> Tensor:
         """(B,) reward-model scores of whole sequences (a mean-pooled one averages the response); inference_mode."""
@@ -156,14 +159,14 @@ class PPOTrainer:
     def trainable_forward(self, sequences: Tensor, attention_mask: Tensor, width: int):
         """(log_probs, values, entropy), each (B, T), from actor and critic with gradients."""
         log_probs, entropy = response_log_probs(self.actor, sequences, attention_mask, width, with_entropy=True,
-                                                temperature=self.config.temperature)
+                                                warping=self.warping)
         values = response_values(self.critic(sequences, attention_mask), width)  # (B, T)
         return log_probs, values, entropy
 
     def frozen_forward(self, sequences: Tensor, attention_mask: Tensor, width: int):
         """(log_probs, values), each (B, T), from actor and critic as they are; call under inference_mode."""
         log_probs = response_log_probs(self.unwrapped_actor(), sequences, attention_mask, width,
-                                       temperature=self.config.temperature)[0]
+                                       warping=self.warping)[0]
         values = response_values(self.accelerator.unwrap_model(self.critic)(sequences, attention_mask), width)
         return log_probs, values
 

@@ -1,0 +1,104 @@
+"""The distribution PPO samples from, as log-probs: transformers' sampling processors as pure tensor functions.
+
+`generate()` with our generation config (rlhf.generation_config: every other processor off) turns the logits of a
+step into the sampling distribution in this order (transformers' `_get_logits_processor`): EOS to -inf while fewer
+than min_new_tokens tokens are written (MinNewTokensLengthLogitsProcessor), then / temperature, then top-k, then
+top-p (the warpers, in that order, each on the output of the one before). `warp_logits` does the same to the
+training pass's logits, so log-probs, ratios and the KL estimate are those of what was actually sampled.
+
+The sampled token itself is never removed: the training pass's logits differ from the cached decoding's in the
+last bits (more so under bf16), which can move a token across the top-k or top-p boundary; removing it would give
+-inf log-probs and NaN losses. Where the two passes agree (always, up to rounding) this changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def min_new_tokens_removed(logits: Tensor, eos_ids: tuple[int, ...] | list[int], min_new_tokens: int) -> Tensor:
+    """Where EOS may not be sampled yet: EOS ids at response positions t < min_new_tokens.  (B, T, V) -> (B, T, V)"""
+    removed = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)  # (B, T, V)
+    if min_new_tokens > 0 and len(eos_ids) > 0:
+        early = torch.arange(logits.shape[-2], device=logits.device) < min_new_tokens  # (T,)
+        is_eos = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)  # (V,)
+        is_eos[list(eos_ids)] = True
+        removed |= early[:, None] & is_eos[None, :]  # (T, V) broadcast over B
+    return removed
+
+
+def top_k_removed(logits: Tensor, top_k: int) -> Tensor:
+    """Tokens below the k-th largest logit (ties with it kept), as TopKLogitsWarper.  (..., V) -> (..., V)"""
+    k = min(max(top_k, 1), logits.shape[-1])
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
+    return logits < kth  # (..., V)
+
+
+def top_p_removed(logits: Tensor, top_p: float) -> Tensor:
+    """Tokens outside the nucleus, as TopPLogitsWarper: sorted ascending, those whose cumulative probability is at most
+    1 - top_p go; the most likely token always stays.  (..., V) -> (..., V)"""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=False)  # (..., V) each
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # (..., V)
+    sorted_removed = cumulative <= (1 - top_p)  # (..., V)
+    sorted_removed[..., -1:] = False
+    return sorted_removed.scatter(-1, order, sorted_removed)  # (..., V) back in vocabulary order
+
+
+def warp_logits(
+    logits: Tensor,
+    tokens: Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_new_tokens: int = 0,
+    eos_ids: tuple[int, ...] | list[int] = (),
+) -> Tensor:
+    """The logits generate() sampled `tokens` from: (B, T, V) response-position logits, (B, T) tokens -> (B, T, V) fp32.
+
+    Position t of the response layout is the t-th generated token (rlhf.ppo.experience). Removed tokens get -inf;
+    gradients flow through the kept ones. top_k 0 and top_p 1.0 are off, as in transformers.
+    """
+    tempered = logits.float() / temperature  # (B, T, V), in fp32 as generate() warps
+    if top_k <= 0 and top_p >= 1.0 and min_new_tokens <= 0:
+        return tempered
+    with torch.no_grad():
+        removed = min_new_tokens_removed(tempered, eos_ids, min_new_tokens)  # (B, T, V)
+        work = tempered.detach().masked_fill(removed, float("-inf"))  # (B, T, V) what the next warper sees
+        if top_k > 0:
+            removed |= top_k_removed(work, top_k)
+            work = work.masked_fill(removed, float("-inf"))
+        if top_p < 1.0:
+            # one row at a time: the sort's indices are int64, 2x the fp32 logits of the whole batch
+            removed |= torch.stack([top_p_removed(row, top_p) for row in work])  # (B, T, V)
+        removed.scatter_(-1, tokens.unsqueeze(-1), False)  # the sampled token stays (see the module's note)
+    return tempered.masked_fill(removed, float("-inf"))  # (B, T, V)
+
+
+@dataclass(frozen=True)
+class Warping:
+    """How a policy's logits become the distribution PPO samples from; `apply` is `warp_logits` with these settings."""
+
+    temperature: float = 1.0
+    """Logits are divided by it."""
+    top_k: int = 0
+    """Only the k most likely tokens stay; 0 = off."""
+    top_p: float = 1.0
+    """Only the nucleus of this probability stays; 1.0 = off."""
+    min_new_tokens: int = 0
+    """EOS cannot be sampled before this many response tokens."""
+    eos_ids: tuple[int, ...] = ()
+    """The ids min_new_tokens holds back (every id that ends an answer)."""
+
+    def apply(self, logits: Tensor, tokens: Tensor) -> Tensor:
+        """(B, T, V) logits at the response positions, (B, T) tokens -> (B, T, V) warped fp32 logits."""
+        return warp_logits(logits, tokens, self.temperature, self.top_k, self.top_p, self.min_new_tokens,
+                           self.eos_ids)
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether the raw logits are the sampling distribution (temperature 1, nothing removed)."""
+        return self.temperature == 1.0 and self.top_k <= 0 and self.top_p >= 1.0 and self.min_new_tokens <= 0
