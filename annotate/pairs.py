@@ -20,7 +20,8 @@ PairsProgress = Callable[[int, int], None]
 
 PairChooser = Callable[[list[str], list[list[str]], int, int], tuple[list[tuple[int, int, int]], int]]
 """chooser(prompts, answers_per_prompt, n, seed) -> ([(prompt_index, answer_i, answer_j), ...] in queue order,
-how many of them were chosen for uncertainty rather than at random); see rlhf.reward.active.choose_pairs."""
+how many of them were chosen for uncertainty rather than at random: those come first, the random ones after (each
+stored pair records which, pairs.chosen_by); see rlhf.reward.active.choose_pairs."""
 
 
 PROMPT_SELECTIONS = ("least_used", "random")

@@ -151,12 +151,13 @@ def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, polic
     texts = [[answer.text for answer in answers] for answers in result.answers]
     picked, n_uncertain = chooser([p.text for p in prompts], texts, n_pairs, rng.randrange(2**31))
     new_pairs = []
-    for prompt_index, i, j in picked:
+    for rank, (prompt_index, i, j) in enumerate(picked):
         first, second = result.answers[prompt_index][i], result.answers[prompt_index][j]
         if not usable(first, second, report):
             continue
         a, b = (first, second) if rng.random() < 0.5 else (second, first)
-        new_pairs.append(NewPair(prompts[prompt_index].id, _stored(a, policy.id), _stored(b, policy.id), kind="sample"))
+        new_pairs.append(NewPair(prompts[prompt_index].id, _stored(a, policy.id), _stored(b, policy.id), kind="sample",
+                                 chosen_by="uncertain" if rank < n_uncertain else "random"))
     store.add_pairs_bulk(new_pairs)
     report.written = report.sample = len(new_pairs)
     report.stats["active/uncertain"] = float(n_uncertain)
@@ -185,7 +186,8 @@ def _sample_pairs(model, tokenizer, prompts: list[Prompt], policy_id: int, sampl
         if not usable(first, second, report):
             continue
         a, b = (first, second) if rng.random() < 0.5 else (second, first)
-        pairs.append(NewPair(prompt.id, _stored(a, policy_id), _stored(b, policy_id), kind="sample"))
+        pairs.append(NewPair(prompt.id, _stored(a, policy_id), _stored(b, policy_id), kind="sample",
+                             chosen_by="random"))
     return pairs
 
 

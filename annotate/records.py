@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 CHOICES = ("a", "b", "tie", "both_bad", "skip")
 """Vote choices, always about the pair's gen_a / gen_b whatever side the screen showed them on."""
 PAIR_KINDS = ("sample", "versus")
+CHOSEN_BY = ("random", "uncertain")
+"""How a sample pair's two answers were picked: at random, or for the reward model's disagreement (active choice)."""
 ROLES = ("annotator", "admin")
 ROUND_STATUSES = ("running", "done", "failed")
 
@@ -73,6 +75,8 @@ class NewPair:
     a: NewGeneration
     b: NewGeneration
     kind: str = "sample"
+    chosen_by: str | None = None
+    """For a sample pair, one of CHOSEN_BY; None for a versus pair."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,8 @@ class Pair:
     created_at: str
     n_votes: int
     """Votes of any choice so far."""
+    chosen_by: str | None = None
+    """For a sample pair, one of CHOSEN_BY; None for a versus pair and for pairs stored before it was recorded."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,14 @@ class Showing:
         if screen_choice in ("tie", "both_bad", "skip"):
             return screen_choice
         raise ValueError(f"screen choice must be left, right, tie, both_bad or skip, not {screen_choice!r}")
+
+    def screen_choice(self, stored_choice: str) -> str:
+        """The inverse of stored_choice: a choice about gen_a/gen_b as the sides of this showing."""
+        if stored_choice in ("a", "b"):
+            return "left" if (stored_choice == "a") == self.a_on_left else "right"
+        if stored_choice in ("tie", "both_bad", "skip"):
+            return stored_choice
+        raise ValueError(f"stored choice must be one of {', '.join(CHOICES)}, not {stored_choice!r}")
 
 
 @dataclass(frozen=True)
@@ -192,6 +206,9 @@ class Preference:
     votes: int
     """Number of a/b votes on the pair (ties, both_bad and skips are not counted)."""
     kind: str
+    source: str = "sample"
+    """"sample" (a sample pair drawn at random, or stored before that was recorded), "versus", or "chosen" (a sample
+    pair picked for the reward model's disagreement): the round reports held-out accuracy by source."""
 
 
 @dataclass(frozen=True)

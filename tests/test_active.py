@@ -91,6 +91,7 @@ def test_make_active_pairs_stores_the_pairs_the_chooser_picks(tiny_model_dir):
     texts = [{store.generation(p.gen_a).text, store.generation(p.gen_b).text} for p in stored]
     assert texts == [{seen["answers"][0][0], seen["answers"][0][3]}, {seen["answers"][2][1], seen["answers"][2][2]}]
     assert all(p.kind == "sample" for p in stored)
+    assert [p.chosen_by for p in stored] == ["uncertain", "random"]  # the chooser's uncertain ones come first
 
 
 def test_make_active_pairs_seed_fixes_the_sampled_answers(tiny_model_dir):

@@ -34,6 +34,7 @@ def test_without_a_judge_pairs_are_two_random_answers_a_prompt(tiny_model_dir):
     report = queue_pairs(store, str(tiny_model_dir), None, 4, newer.id, VotesConfig(), judge=None, sampling=SAMPLING,
                          seed=0)
     assert report.written == store.count_pairs() == 4
+    assert [store.pair(i).chosen_by for i in range(1, 5)] == ["random"] * 4  # recorded, for held-out accuracy
     assert "active/uncertain" not in report.stats
     assert report.stats["gen/answers"] == 8  # two answers a pair, nothing over-sampled
 
@@ -48,6 +49,8 @@ def test_with_a_judge_sample_pairs_come_from_over_sampled_answers_and_versus_pai
                          progress=lambda done, total: calls.append((done, total)))
     pairs = [store.pair(pair_id) for pair_id in range(1, store.count_pairs() + 1)]
     assert [p.kind for p in pairs].count("versus") == report.versus == 2  # round(4 * 0.5)
+    assert sorted((p.kind, p.chosen_by) for p in pairs) == [  # random_share 0: every sample pair for disagreement
+        ("sample", "uncertain"), ("sample", "uncertain"), ("versus", None), ("versus", None)]
     assert report.sample == 2 and report.written == 4
     assert judge.calls == 1
     # the sample pairs: 3 prompts (ceil(2 * 1.5)) x 4 answers over-sampled, both chosen for disagreement

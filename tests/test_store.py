@@ -84,6 +84,32 @@ def test_add_pair_validates_kind_and_generations(store):
     assert store.count_pairs() == 0
 
 
+def test_a_pair_records_how_its_answers_were_chosen_and_a_preference_its_source(store):
+    store.add_prompts(["q1", "q2", "q3", "q4"])
+    old, new = store.add_policy(0, "base"), store.add_policy(1, "round-1")
+
+    def answers(prompt_id, a_policy=new):
+        return NewGeneration(a_policy, f"a{prompt_id}", 1, "eos"), NewGeneration(new, f"b{prompt_id}", 1, "eos")
+
+    ids = store.add_pairs_bulk([
+        NewPair(1, *answers(1), chosen_by="random"), NewPair(2, *answers(2), chosen_by="uncertain"),
+        NewPair(3, *answers(3)),  # not recorded (a pair stored before the column existed): read as random
+        NewPair(4, *answers(4, old), kind="versus"),
+    ])
+    assert [(store.pair(i).kind, store.pair(i).chosen_by) for i in ids] == [
+        ("sample", "random"), ("sample", "uncertain"), ("sample", None), ("versus", None)]
+    for pair_id in ids:
+        store.record_vote(pair_id, "ann", "b", True)
+    assert [(p.prompt, p.chosen, p.kind, p.source) for p in store.preferences()] == [
+        ("q1", "b1", "sample", "sample"), ("q2", "b2", "sample", "chosen"), ("q3", "b3", "sample", "sample"),
+        ("q4", "b4", "versus", "versus")]
+    gen_a, gen_b = store.add_generation(1, new, "x", 1, "eos"), store.add_generation(1, new, "y", 1, "eos")
+    with pytest.raises(ValueError, match="chosen_by is one of random, uncertain for a sample pair"):
+        store.add_pair(1, gen_a, gen_b, chosen_by="hard")
+    with pytest.raises(ValueError, match="not 'random' for a versus pair"):
+        store.add_pair(1, gen_a, gen_b, kind="versus", chosen_by="random")
+
+
 def test_add_pairs_bulk_is_all_or_nothing(store):
     store.add_prompts(["Say hi."])
     policy = store.add_policy(0, "base")

@@ -53,6 +53,8 @@ def test_an_older_database_file_is_upgraded_in_place(tmp_path):
         assert [(v.pair_id, v.annotator, v.choice, v.a_on_left, v.seconds) for v in store.votes()] == [(1, "ann", "a", True, 2.5)]
         assert store.is_admin("ann")
         assert store.pair(1).n_votes == 1  # counted from the votes already there
+        assert store.pair(1).chosen_by is None  # how it was chosen is unknown: its vote counts as a random pair's
+        assert [p.source for p in store.preferences()] == ["sample"]
         assert store.record_vote(1, "bob", "b", a_on_left=False) and store.pair(1).n_votes == 2
         [old_round] = store.rounds()
         assert (old_round.status, old_round.metrics, old_round.pid) == ("running", {"rm/accuracy": 0.7}, None)

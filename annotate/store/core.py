@@ -31,8 +31,8 @@ from annotate.store.votes import VoteRecords
 from annotate.store.sql import now
 from annotate.importers import read_prompts
 from annotate.records import (
-    PAIR_KINDS, ROLES, Annotator, NameClash, NewGeneration, Generation, ImportResult, NewPair, Pair, Policy, Prompt,
-    Showing,
+    CHOSEN_BY, PAIR_KINDS, ROLES, Annotator, NameClash, NewGeneration, Generation, ImportResult, NewPair, Pair, Policy,
+    Prompt, Showing,
 )
 
 BUSY_TIMEOUT_S = 30.0
@@ -235,25 +235,32 @@ class Store(VoteRecords, RoundRecords, Reports):
 
     # pairs -------------------------------------------------------------------------------------------------------
 
-    def add_pair(self, prompt_id: int, gen_a: int, gen_b: int, kind: str = "sample") -> int:
+    def add_pair(self, prompt_id: int, gen_a: int, gen_b: int, kind: str = "sample",
+                 chosen_by: str | None = None) -> int:
         """Record a pair of generations of one prompt.
 
-        kind `sample`: two samples of the current policy. kind `versus`: gen_a is always the newer policy's answer
-        and gen_b the earlier policy's, so a vote `a` is a win of the newer policy (see versus_win_rates).
+        kind `sample`: two samples of the current policy, `chosen_by` "random" or "uncertain" (picked for the reward
+        model's disagreement; None: not known, read as random). kind `versus`: gen_a is always the newer policy's
+        answer and gen_b the earlier policy's, so a vote `a` is a win of the newer policy (see versus_win_rates).
         """
         with self._write() as db:
-            return self._insert_pair(db, prompt_id, gen_a, gen_b, kind)
+            return self._insert_pair(db, prompt_id, gen_a, gen_b, kind, chosen_by)
 
-    def _insert_pair(self, db: sqlite_utils.Database, prompt_id: int, gen_a: int, gen_b: int, kind: str) -> int:
+    def _insert_pair(self, db: sqlite_utils.Database, prompt_id: int, gen_a: int, gen_b: int, kind: str,
+                     chosen_by: str | None = None) -> int:
         if kind not in PAIR_KINDS:
             raise ValueError(f"pair kind must be one of {', '.join(PAIR_KINDS)}, not {kind!r}")
+        if chosen_by is not None and (kind != "sample" or chosen_by not in CHOSEN_BY):
+            raise ValueError(f"chosen_by is one of {', '.join(CHOSEN_BY)} for a sample pair (None for versus), "
+                             f"not {chosen_by!r} for a {kind} pair")
         if gen_a == gen_b:
             raise ValueError(f"a pair needs two different generations, got {gen_a} twice")
         found = db.conn.execute("SELECT id, prompt_id FROM generations WHERE id IN (?, ?)", (gen_a, gen_b)).fetchall()
         if len(found) != 2 or any(row[1] != prompt_id for row in found):
             raise ValueError(f"generations {gen_a} and {gen_b} must both exist and answer prompt {prompt_id}")
         return db["pairs"].insert(
-            {"prompt_id": prompt_id, "gen_a": gen_a, "gen_b": gen_b, "kind": kind, "created_at": now()}
+            {"prompt_id": prompt_id, "gen_a": gen_a, "gen_b": gen_b, "kind": kind, "chosen_by": chosen_by,
+             "created_at": now()}
         ).last_pk
 
     def add_pairs_bulk(self, new_pairs: Iterable[NewPair]) -> list[int]:
@@ -262,7 +269,7 @@ class Store(VoteRecords, RoundRecords, Reports):
             return [
                 self._insert_pair(
                     db, item.prompt_id, self._insert_generation(db, item.prompt_id, item.a),
-                    self._insert_generation(db, item.prompt_id, item.b), item.kind,
+                    self._insert_generation(db, item.prompt_id, item.b), item.kind, item.chosen_by,
                 )
                 for item in new_pairs
             ]

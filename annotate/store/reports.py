@@ -13,6 +13,13 @@ from annotate.records import CHOICES, Preference, WinRate
 from annotate.store import sql as queries
 
 
+def _source(kind: str, chosen_by: str | None) -> str:
+    """A preference's source (Preference.source): versus, chosen (for disagreement) or sample (at random or unknown)."""
+    if kind == "versus":
+        return "versus"
+    return "chosen" if chosen_by == "uncertain" else "sample"
+
+
 class Reports:
     """Read-only views over votes and pairs."""
 
@@ -42,7 +49,7 @@ class Reports:
         return agreement_report(labels_by_pair)
 
     def preferences(self) -> list[Preference]:
-        """Pairs with a strict majority among their a/b votes, oldest pair first."""
+        """Pairs with a strict majority among their a/b votes, oldest pair first, each with its source."""
         preferences = []
         for row in self._rows(queries.SELECT_PAIR_TALLIES):
             if row["n_a"] == row["n_b"]:
@@ -52,6 +59,7 @@ class Reports:
                 pair_id=row["id"], prompt=row["prompt"],
                 chosen=row["text_a"] if a_wins else row["text_b"], rejected=row["text_b"] if a_wins else row["text_a"],
                 votes=row["n_a"] + row["n_b"], kind=row["kind"],
+                source=_source(row["kind"], row["chosen_by"]),
             ))
         return preferences
 

@@ -180,12 +180,19 @@ def migration_5_one_name_per_person(db: sqlite_utils.Database) -> None:
             _merge_names(db, merged, normalised)
 
 
+def migration_6_pair_chosen_by(db: sqlite_utils.Database) -> None:
+    """How a sample pair's answers were picked: 'random' or 'uncertain' (for the reward model's disagreement), so
+    held-out accuracy can be reported on random pairs alone. Older rows keep NULL (unknown), read as random."""
+    db.conn.execute("ALTER TABLE pairs ADD COLUMN chosen_by TEXT CHECK (chosen_by IN ('random', 'uncertain'))")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_1_initial_schema,
     migration_2_round_pid,
     migration_3_pair_vote_counts,
     migration_4_one_demonstration_per_pair,
     migration_5_one_name_per_person,
+    migration_6_pair_chosen_by,
 ]
 
 INSERT_PROMPT = "INSERT INTO prompts (text, source, created_at) VALUES (?, ?, ?) ON CONFLICT (text) DO NOTHING"
@@ -241,7 +248,7 @@ SELECT_DEMONSTRATIONS = """
     ORDER BY d.id"""
 
 SELECT_PAIR_TALLIES = """
-    SELECT p.id, p.kind, pr.text AS prompt, ga.text AS text_a, gb.text AS text_b,
+    SELECT p.id, p.kind, p.chosen_by, pr.text AS prompt, ga.text AS text_a, gb.text AS text_b,
            SUM(v.choice = 'a') AS n_a, SUM(v.choice = 'b') AS n_b
     FROM pairs p JOIN prompts pr ON pr.id = p.prompt_id
     JOIN generations ga ON ga.id = p.gen_a JOIN generations gb ON gb.id = p.gen_b
