@@ -12,7 +12,7 @@ both sides alike; the figures are medians over the repeats.
 PPO: batch 8, --max-new-tokens always generated (no stop token), one PPO epoch, one mini-batch, policy and
 reference separate copies, fp32; TRL's reward and value models are AutoModelForSequenceClassification
 (num_labels=1). step_s excludes each run's first step. Reward model: the fixed synthetic preference set of
-bench/synthetic_prefs.py, split as rlhf-loop splits it (split_pairs, same fraction and seed), batch 8 pairs a
+bench/synthetic_prefs.py, split as rlhf-loop splits it (split_pairs by prompt, same fraction), batch 8 pairs a
 step, max length 128; TRL's pairs_per_s is its train_samples_per_second, ours the same count over our
 training time. Ratios: step time TRL/ours (above 1: we are faster), memory ours/TRL (below 1: we use less),
 pairs/s ours/TRL. `--ours-precision no,bf16` runs our side in both precisions (keys ours, ours-bf16; ratios
@@ -66,7 +66,7 @@ def write_reward_data(folder: Path, n_pairs: int, heldout_fraction: float, seed:
     from bench.synthetic_prefs import synthetic_preferences
     from rlhf.reward.data import split_pairs
 
-    train, heldout = split_pairs(synthetic_preferences(n_pairs, seed=seed), heldout_fraction, seed)
+    train, heldout = split_pairs(synthetic_preferences(n_pairs, seed=seed), heldout_fraction)
     paths = []
     for name, pairs in (("train", train), ("heldout", heldout)):
         path = folder / f"{name}.jsonl"

@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default="auto",
                         help="auto: bf16 where the hardware has it (CUDA, AVX512-BF16/AMX CPUs), else fp32; bf16 forces autocast")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the data, split and training (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the data and training (default 0); the split follows the prompts")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

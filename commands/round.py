@@ -17,6 +17,9 @@ EXIT_REFUSED = 3
 EXIT_BUSY = 4
 SUMMARY_KEYS = [
     ("rm/heldout_accuracy", "reward model held-out accuracy", "{:.1%}"),
+    ("rm/n_heldout_sample", "  on random sample pairs held out", "{:.0f}"),
+    ("rm/heldout_accuracy_versus", "  held-out accuracy, versus pairs", "{:.1%}"),
+    ("rm/heldout_accuracy_chosen", "  held-out accuracy, chosen pairs", "{:.1%}"),
     ("rm/n_train", "pairs trained on", "{:.0f}"),
     ("ppo/reward", "mean reward (score - KL)", "{:.3f}"),
     ("ppo/score", "mean reward-model score", "{:.3f}"),

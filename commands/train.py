@@ -103,10 +103,15 @@ def train_reward(args, config: LoopConfig) -> int:
         return 0
     metrics = result.metrics
     if result.heldout_accuracy is None:
-        print("Held-out accuracy: not measured (nothing held out).")
+        print(f"Held-out accuracy: not measured (no random sample pair held out; "
+              f"{metrics.get('rm/n_heldout', 0)} in all).")
     else:
-        print(f"Held-out accuracy: {result.heldout_accuracy:.1%} on {metrics['rm/n_heldout']} pairs "
+        print(f"Held-out accuracy: {result.heldout_accuracy:.1%} on {metrics['rm/n_heldout_sample']} pairs "
               f"(trained on {metrics['rm/n_train']}; training accuracy {metrics['rm/accuracy']:.1%}).")
+    for source in ("versus", "chosen"):  # votes from the store: pairs of other kinds, reported apart
+        if metrics.get(f"rm/heldout_accuracy_{source}") is not None:
+            print(f"  on {source} pairs: {metrics[f'rm/heldout_accuracy_{source}']:.1%} of "
+                  f"{metrics[f'rm/n_heldout_{source}']}")
     print(f"Reward model saved to {result.path}")
     return 0
 

@@ -17,7 +17,9 @@ from rlhf.reward.data import (
     PreferenceDataError,
     PreferencePair,
     TokenizedPair,
+    heldout_accuracies,
     load_preference_file,
+    prompt_position,
     split_pairs,
     tokenize_pairs,
     truncate_pair,
@@ -218,19 +220,56 @@ def test_sharing_the_prompt_gives_the_same_loss_and_gradients_as_whole_sequences
         torch.testing.assert_close(shared, whole, atol=1e-5, rtol=1e-4)
 
 
-def test_split_is_seeded_by_pair_and_disjoint():
-    pairs = marker_pairs(40, seed=0)
-    train, heldout = split_pairs(pairs, heldout_fraction=0.25, seed=3)
-    assert len(heldout) == 10 and len(train) == 30
+def test_a_pair_held_out_once_stays_held_out_in_every_later_round():
+    """Issue 16's reproduction: the seeded split by pair, drawn afresh each round (split_pairs(range(100), .1, 1) then
+    split_pairs(range(140), .1, 2)), put 8 of round 2's 14 held-out pairs in round 1's training set, and the "full"
+    strategy warm-starts from round 1's model. The split by a hash of the prompt needs no seed and no storage."""
+    round_1 = [PreferencePair(f"Prompt number {i}.", "chosen", "rejected") for i in range(100)]
+    round_2 = round_1 + [PreferencePair(f"Prompt number {i}.", "chosen", "rejected") for i in range(100, 140)]
+    train_1, heldout_1 = split_pairs(round_1, 0.1)
+    train_2, heldout_2 = split_pairs(round_2, 0.1)
+    held = ["Prompt number 13.", "Prompt number 51.", "Prompt number 65.", "Prompt number 80.", "Prompt number 82.",
+            "Prompt number 98."]
+    assert [p.prompt for p in heldout_1] == [p.prompt for p in heldout_2] == held
+    assert not set(heldout_2) & set(train_1)  # nothing held out in round 2 was trained on in round 1
+    assert len(train_1) == 94 and len(train_2) == 134
+    assert split_pairs(list(reversed(round_2)), 0.1)[1] == list(reversed(heldout_2))  # order does not matter
+
+
+def test_the_split_is_by_prompt_so_no_prompt_is_on_both_sides():
+    pairs = marker_pairs(120, seed=0)  # 15 prompts, 8 pairs each on average
+    train, heldout = split_pairs(pairs, heldout_fraction=0.25)
+    assert {p.prompt for p in heldout} == {"Tell me about the paper.", "Tell me about the window."}
+    assert not {p.prompt for p in train} & {p.prompt for p in heldout}
+    assert (len(train), len(heldout)) == (104, 16)
     assert sorted(map(id, train + heldout)) == sorted(map(id, pairs))
-    assert split_pairs(pairs, 0.25, seed=3) == (train, heldout)
-    assert split_pairs(pairs, 0.25, seed=4)[1] != heldout
-    assert split_pairs(pairs, 0.0, seed=3)[1] == []
+    assert prompt_position("Tell me about the paper.") == float.fromhex("0x1.5d1ad7e837d62p-4")  # sha256, 0.085
+    assert split_pairs(pairs, 0.0) == (pairs, [])
 
 
-def test_a_split_that_would_be_empty_is_an_error_saying_how_many_pairs_are_needed():
-    with pytest.raises(PreferenceDataError, match="held-out split is empty.*at least 6 pairs"):
-        split_pairs(marker_pairs(4, seed=0), heldout_fraction=0.1, seed=0)
+def test_few_prompts_may_hold_out_none_and_never_hold_out_all():
+    none = [PreferencePair("Say hi.", "a", "b"), PreferencePair("Tell me a joke.", "c", "d")]  # at 0.88 and 0.57
+    assert split_pairs(none, 0.1) == (none, [])
+    # "p" sits at 0.08, under 0.1: the only prompt is not held out, or there would be nothing to train on
+    alone = [PreferencePair("p", "c", "r")] * 3
+    assert split_pairs(alone, 0.1) == (alone, [])
+    # with "p" and "Say hi." under 0.9 both would be held out: the one placed higher ("Say hi.", 0.88) trains
+    assert split_pairs(alone + none[:1], 0.9) == (none[:1], alone)
+
+
+def test_held_out_accuracy_is_reported_by_source_and_the_sample_pairs_are_the_headline():
+    pairs = [PreferencePair("q1", "c", "r", source="sample"), PreferencePair("q2", "c", "r"),  # no source: sample
+             PreferencePair("q3", "c", "r", source="versus"), PreferencePair("q4", "c", "r", source="chosen"),
+             PreferencePair("q5", "c", "r", source="chosen")]
+    assert heldout_accuracies(pairs, [True, False, True, False, False]) == {
+        "rm/n_heldout": 5,
+        "rm/heldout_accuracy": 0.5, "rm/n_heldout_sample": 2,
+        "rm/heldout_accuracy_versus": 1.0, "rm/n_heldout_versus": 1,
+        "rm/heldout_accuracy_chosen": 0.0, "rm/n_heldout_chosen": 2,
+    }
+    assert heldout_accuracies(pairs[2:3], [True])["rm/heldout_accuracy"] is None  # no sample pair: not measured
+    with pytest.raises(ValueError, match="source must be one of sample, versus, chosen"):
+        PreferencePair("q", "c", "r", source="active")
 
 
 def test_preference_files_read_from_jsonl_and_from_a_dataset_folder(tmp_path):
@@ -270,7 +309,7 @@ def trained(tiny_model_dir, tmp_path_factory):
 
 def test_a_tiny_model_learns_a_marker_word_preference_on_held_out_pairs(trained):
     result, _ = trained
-    assert result.metrics["rm/n_heldout"] == 30 and result.metrics["rm/n_train"] == 90
+    assert result.metrics["rm/n_heldout"] == 16 and result.metrics["rm/n_train"] == 104  # 2 of 15 prompts
     assert result.heldout_accuracy > 0.9
     assert result.metrics["rm/heldout_chosen_mean"] > result.metrics["rm/heldout_rejected_mean"]
 
@@ -278,7 +317,7 @@ def test_a_tiny_model_learns_a_marker_word_preference_on_held_out_pairs(trained)
 def test_training_reports_progress_after_every_optimizer_step(trained):
     result, reports = trained
     steps = [r["rm/step"] for r in reports if "rm/step" in r]
-    assert steps == sorted(steps) and steps[-1] == result.metrics["rm/steps"] == 6 * 12  # 90 pairs / 8 = 12 batches
+    assert steps == sorted(steps) and steps[-1] == result.metrics["rm/steps"] == 6 * 13  # 104 pairs / 8 = 13 batches
     assert {"rm/loss", "rm/accuracy", "rm/chosen_mean", "rm/rejected_mean", "rm/lr"} <= set(reports[0])
     assert reports[-1]["rm/loss"] < reports[0]["rm/loss"]
 
@@ -321,6 +360,33 @@ def test_optimizer_steps_count_accumulation_windows(tiny_model_dir, grad_accum, 
     assert result.heldout_accuracy is None and result.path is None
 
 
+def test_held_out_accuracy_of_versus_and_chosen_pairs_is_reported_apart_from_the_sample_pairs(tiny_model_dir,
+                                                                                                tokenizer):
+    from dataclasses import replace
+
+    sources = {"Tell me about the paper.": "versus", "Tell me about the window.": "chosen"}  # "table": sample
+    pairs = [replace(p, source=sources.get(p.prompt)) for p in marker_pairs(60, seed=0)]
+    config = RewardTrainConfig(model=str(tiny_model_dir), learning_rate=0.0, max_steps=1, heldout_fraction=0.3,
+                               show_progress=False)
+    result = train_reward_model(pairs, config)
+    held = (*sources, "Tell me about the table.")  # the prompts placed under 0.3
+    groups = {source: [p for p in pairs if p.prompt in held and sources.get(p.prompt, "sample") == source]
+              for source in ("sample", "versus", "chosen")}
+    assert {k: result.metrics[k] for k in ("rm/n_train", "rm/n_heldout", "rm/n_heldout_sample", "rm/n_heldout_versus",
+                                           "rm/n_heldout_chosen")} == {
+        "rm/n_train": 49, "rm/n_heldout": 11, "rm/n_heldout_sample": 2, "rm/n_heldout_versus": 4,
+        "rm/n_heldout_chosen": 5}
+    model = result.model.eval()
+    for source, name in (("sample", "rm/heldout_accuracy"), ("versus", "rm/heldout_accuracy_versus"),
+                         ("chosen", "rm/heldout_accuracy_chosen")):
+        batch = PairCollator(tokenizer.pad_token_id)(tokenize_pairs(tokenizer, groups[source], config.max_length))
+        with torch.no_grad():
+            scores = model.forward_value(batch["input_ids"], batch["attention_mask"]).scores  # (2n,)
+        n = len(groups[source])
+        assert result.metrics[name] == pytest.approx(float((scores[:n] > scores[n:]).float().mean())), source
+    assert result.heldout_accuracy == result.metrics["rm/heldout_accuracy"]  # the sample pairs' accuracy
+
+
 def test_too_few_pairs_is_an_error_before_any_model_is_loaded():
     config = RewardTrainConfig(model="/no/such/model", min_pairs=8)
     with pytest.raises(PreferenceDataError, match="Only 5 preference pairs.*at least 8"):
@@ -349,14 +415,11 @@ def test_command_trains_from_a_file_saves_and_prints_held_out_accuracy(tiny_mode
 @pytest.mark.parametrize("rows, message", [
     ([{"prompt": "p", "chosen": "c", "answer": "r"}] * 20, "no column 'rejected'"),
     ([{"prompt": "p", "chosen": "c", "rejected": "r"}] * 3, "Only 3 preference pairs"),
-    ([{"prompt": "p", "chosen": "c", "rejected": "r"}] * 9, "held-out split is empty"),
 ])
 def test_command_errors_are_a_message_and_exit_code_not_a_traceback(tiny_model_dir, tmp_path, capsys, rows, message):
     data = tmp_path / "prefs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     argv = ["--train-reward", "--data", str(data), "--model", str(tiny_model_dir), "--out", str(tmp_path / "rm")]
-    if len(rows) == 9:
-        argv += ["--rm-heldout-fraction", "0.05"]
     code = app.main(argv)
     err = capsys.readouterr().err
     assert code == 2

@@ -94,7 +94,7 @@ def test_exported_reward_model_scores_exactly_as_the_head(tiny_model_dir, tmp_pa
     config = StrategyConfig(votes=VotesConfig(feature=feature, n_heads=4, cv_folds=3),
                             reward=RewardTrainConfig(heldout_fraction=0.2, show_progress=False))
     model = train_strategy("ensemble", pairs, str(tiny_model_dir), config)
-    assert model.metrics["rm/n_train"] == 24 and model.metrics["rm/n_heldout"] == 6
+    assert model.metrics["rm/n_train"] == 25 and model.metrics["rm/n_heldout"] == 5  # 5 of 30 prompts under 0.2
     prompts = [p.prompt for p in pairs[:5]]
     answers = [p.chosen if i % 2 else p.rejected for i, p in enumerate(pairs[:5])]
     head_scores = model.score(prompts, answers)  # (5,)
@@ -174,21 +174,70 @@ def test_round_refuses_ppo_when_the_interval_reaches_chance_and_says_how_many_vo
     from types import SimpleNamespace
 
     from commands.config import load_config
-    from rlhf.round.run import RoundRefused, _check_accuracy
+    from rlhf.round.checks import RoundRefused, check_accuracy
 
     config = load_config(None, ["round.min_accuracy=0.55", "reward.heldout_fraction=0.2"])
     plan = SimpleNamespace(round_id=1, preferences=[None] * 40)
     recorded = {}
-    # 0.75 on 8 held-out pairs: Wilson interval about (0.41, 0.93) reaches chance
+    # 0.75 on 8 held-out sample pairs: Wilson interval about (0.41, 0.93) reaches chance
     with pytest.raises(RoundRefused, match=r"about \d+ more votes"):
-        _check_accuracy({"rm/heldout_accuracy": 0.75, "rm/n_heldout": 8}, plan, config, recorded.update, print)
+        check_accuracy({"rm/heldout_accuracy": 0.75, "rm/n_heldout_sample": 8}, plan, config, recorded.update, print)
     assert recorded["rm/heldout_low"] < 0.5 < recorded["rm/heldout_high"]
-    # 0.75 on 100 held-out pairs: (0.66, 0.82) clears it, PPO may run
-    _check_accuracy({"rm/heldout_accuracy": 0.75, "rm/n_heldout": 100}, plan, config, recorded.update, print)
+    # 0.75 on 100 held-out sample pairs: (0.66, 0.82) clears it, PPO may run
+    check_accuracy({"rm/heldout_accuracy": 0.75, "rm/n_heldout_sample": 100}, plan, config, recorded.update, print)
     assert recorded["rm/heldout_low"] > 0.5
+    # the interval is over the sample pairs alone: 100 held-out pairs of which 8 random ones do not clear chance
+    with pytest.raises(RoundRefused, match="on 8 held-out random sample pairs"):
+        check_accuracy({"rm/heldout_accuracy": 0.75, "rm/n_heldout_sample": 8, "rm/n_heldout": 100,
+                        "rm/heldout_accuracy_chosen": 0.75, "rm/n_heldout_chosen": 92}, plan, config,
+                       recorded.update, print)
     # at chance the message falls back on the learning curve
     with pytest.raises(RoundRefused, match="learning curve"):
-        _check_accuracy({"rm/heldout_accuracy": 0.5, "rm/n_heldout": 100}, plan, config, recorded.update, print)
+        check_accuracy({"rm/heldout_accuracy": 0.5, "rm/n_heldout_sample": 100}, plan, config, recorded.update, print)
     # min_accuracy = 0 turns the refusal off (the tiny-model round tests rely on it)
     off = load_config(None, ["round.min_accuracy=0.0"])
-    _check_accuracy({"rm/heldout_accuracy": 0.5, "rm/n_heldout": 8}, plan, off, recorded.update, print)
+    check_accuracy({"rm/heldout_accuracy": 0.5, "rm/n_heldout_sample": 8}, plan, off, recorded.update, print)
+
+
+def test_round_refuses_ppo_on_a_reward_model_no_random_sample_pair_measured():
+    """Before, no held-out accuracy (nothing held out) let PPO run on an unmeasured model without a word."""
+    from types import SimpleNamespace
+
+    from commands.config import load_config
+    from rlhf.round.checks import RoundRefused, check_accuracy
+
+    plan = SimpleNamespace(round_id=3, preferences=[None] * 40)
+    recorded, logged = {}, []
+    unmeasured = {"rm/heldout_accuracy": None, "rm/n_heldout": 4, "rm/n_heldout_sample": 0,
+                  "rm/heldout_accuracy_versus": 0.75, "rm/n_heldout_versus": 4}
+    with pytest.raises(RoundRefused, match=r"No random sample pair was held out \(4 held-out pairs in all.*"
+                                           r"set round\.min_accuracy=0 to run PPO on an unmeasured model"):
+        check_accuracy(unmeasured, plan, load_config(None, []), recorded.update, logged.append)
+    assert (recorded["rm/heldout_accuracy"], recorded["rm/heldout_low"], recorded["rm/heldout_high"]) == (None, 0, 1)
+    assert logged == ["Round 3: reward model held-out accuracy on random sample pairs n/a (none held out); versus "
+                      "pairs 75.0% on 4 (bar 55%, and the interval must clear chance)."]
+    check_accuracy(unmeasured, plan, load_config(None, ["round.min_accuracy=0.0"]), recorded.update, print)  # off
+
+
+def test_held_out_accuracy_of_a_strategy_is_by_source(tiny_model_dir):
+    sources = ("sample", "versus", "chosen")
+    pairs = [PreferencePair(p.prompt, p.chosen, p.rejected, source=sources[i % 3])
+             for i, p in enumerate(polite_pairs(30))]
+    config = StrategyConfig(votes=VotesConfig(n_heads=4, cv_folds=3),
+                            reward=RewardTrainConfig(heldout_fraction=0.2, show_progress=False))
+    model = train_strategy("head", pairs, str(tiny_model_dir), config)
+    heldout = [p for p in pairs if p.prompt in {"Tell me about gardens #6.", "Tell me about rivers #8.",
+                                                "Tell me about rain #22.", "Tell me about music #24.",
+                                                "Tell me about gardens #26."}]
+    assert [p.source for p in heldout] == ["sample", "chosen", "versus", "sample", "chosen"]
+    assert {k: model.metrics[k] for k in ("rm/n_heldout", "rm/n_heldout_sample", "rm/n_heldout_versus",
+                                          "rm/n_heldout_chosen")} == {
+        "rm/n_heldout": 5, "rm/n_heldout_sample": 2, "rm/n_heldout_versus": 1, "rm/n_heldout_chosen": 2}
+    for source, name in zip(sources, ("rm/heldout_accuracy", "rm/heldout_accuracy_versus",
+                                      "rm/heldout_accuracy_chosen")):
+        group = [p for p in heldout if p.source == source]
+        prompts = [p.prompt for p in group]
+        right = model.score(prompts, [p.chosen for p in group]) > model.score(prompts, [p.rejected for p in group])
+        assert model.metrics[name] == pytest.approx(float(right.float().mean())), source
+
+

@@ -66,6 +66,10 @@ def test_two_rounds_record_two_policies_their_metrics_and_fresh_pairs(tmp_path, 
     assert rounds[0].metrics["round/rm_strategy"] == "head"
     assert rounds[0].metrics["round/normalize_rewards"] is True  # round.adapt_ppo_to_head, on by default
     assert rounds[0].metrics["round/ppo_lam"] == 1.0
+    for round_ in rounds:  # held-out accuracy by source, each with its count (every pair here is a random one)
+        assert round_.metrics["rm/n_heldout"] == round_.metrics["rm/n_heldout_sample"] + \
+            round_.metrics["rm/n_heldout_versus"] + round_.metrics["rm/n_heldout_chosen"]
+        assert {"rm/heldout_accuracy_versus", "rm/heldout_accuracy_chosen"} <= set(round_.metrics)
     new_pairs = [store.pair(pid) for pid in range(1, store.count_pairs() + 1)]
     made_by = {store.generation(pair.gen_a).policy_id for pair in new_pairs}
     assert {first.policy_id, second.policy_id} <= made_by  # each round queued pairs from its new policy
@@ -89,6 +93,30 @@ def test_ppo_on_a_head_reward_model_normalises_scores_and_takes_lambda_one_unles
     assert (settings.normalize_rewards, settings.lam) == ((True, 1.0) if adapted else (False, 0.9))
     assert settings.kl_ctl == config.ppo.kl_ctl and settings.actor_lr == config.ppo.actor_lr  # nothing else changes
     assert (config.ppo.normalize_rewards, config.ppo.lam) == (False, 0.9)  # the loaded configuration is left as it was
+
+
+def test_the_round_plan_carries_each_preferences_source(tiny_model_dir):
+    from annotate.records import NewGeneration, NewPair
+    from rlhf.round.run import plan_round
+
+    store = Store(":memory:")
+    store.add_prompts(["q1", "q2", "q3", "q4"], source="test")
+    base = store.ensure_base_policy(str(tiny_model_dir))
+    newer = store.add_policy(1, str(tiny_model_dir), parent_id=base.id)
+
+    def new_pair(prompt_id, kind="sample", chosen_by=None):
+        b_policy = newer if kind == "sample" else base.id  # versus: b is the earlier policy's answer
+        return NewPair(prompt_id, NewGeneration(newer, f"a{prompt_id}", 1, "eos"),
+                       NewGeneration(b_policy, f"b{prompt_id}", 1, "eos"), kind=kind, chosen_by=chosen_by)
+
+    store.add_pairs_bulk([new_pair(1, chosen_by="random"), new_pair(2, chosen_by="uncertain"), new_pair(3),
+                          new_pair(4, kind="versus")])
+    for pair_id in (1, 2, 3, 4):
+        store.record_vote(pair_id, "ann", "a", True)
+    config = load_config(None, ["round.min_new_pairs=1", "round.checkpoints_dir=unused"])
+    plan = plan_round(store, str(tiny_model_dir), config, log=lambda message: None)
+    assert plan.preferences == [("q1", "a1", "b1", "sample"), ("q2", "a2", "b2", "chosen"),
+                                ("q3", "a3", "b3", "sample"), ("q4", "a4", "b4", "versus")]
 
 
 def test_two_databases_sharing_a_checkpoints_dir_keep_their_own_round_folders(tmp_path, tiny_model_dir):

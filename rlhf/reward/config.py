@@ -48,11 +48,13 @@ class RewardTrainConfig:
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; 0 turns clipping off."""
     heldout_fraction: float = 0.1
-    """Share of pairs held out (a seeded split by pair) to measure accuracy on pairs never trained on."""
+    """Share of prompts whose pairs are held out to measure accuracy on pairs never trained on: chosen by a hash of the
+    prompt's text (rlhf.reward.data.split_pairs), so no prompt is on both sides and a pair held out once stays held
+    out in every later round."""
     min_pairs: int = 8
     """Refuse to train on fewer preference pairs than this."""
     seed: int = 0
-    """Seeds the split, the head's initialisation and the shuffling."""
+    """Seeds the head's initialisation and the shuffling (not the held-out split, which follows the prompts)."""
     eval_batch_size: int = 16
     """Pairs per forward pass when measuring held-out accuracy."""
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
@@ -121,6 +123,6 @@ class StrategyConfig:
     """heldout_fraction and max_length of every strategy, and the "full" strategy's training settings (model and
     out_dir are set by train_strategy)."""
     seed: int = 0
-    """Seeds the split, the folds and the bootstrap."""
+    """Seeds the folds and the bootstrap."""
     batch_size: int = 16
     """Answers per forward pass when extracting features."""

@@ -1,16 +1,17 @@
 """Preference pairs for the reward model: reading files, the held-out split, tokenising and batching.
 
 A pair is anything with `prompt`, `chosen` and `rejected` text attributes (the store's `Preference`, or
-`PreferencePair` read from a file in TRL's column format). Batches hold the chosen sequences of B pairs
-followed by their rejected sequences (2B rows, one forward pass), RIGHT-padded so that the two sequences
-of a pair line up position by position, as the divergence form of the pairwise loss needs.
+`PreferencePair` read from a file in TRL's column format), and optionally a `source` (PAIR_SOURCES). Batches
+hold the chosen sequences of B pairs followed by their rejected sequences (2B rows, one forward pass),
+RIGHT-padded so that the two sequences of a pair line up position by position, as the divergence form of the
+pairwise loss needs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -21,6 +22,10 @@ from rlhf.generate import pad_sequences
 from rlhf.models import format_prompt
 
 REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
+PAIR_SOURCES = ("sample", "versus", "chosen")
+"""How a pair came to be voted on: two answers of the policy drawn at random ("sample": what held-out accuracy
+estimates the reward model on, the pairs PPO's answers look like), the policy against an earlier one ("versus"), or
+two answers picked for the reward model's disagreement ("chosen": harder than average)."""
 
 
 class PreferenceDataError(ValueError):
@@ -40,6 +45,12 @@ class PreferencePair:
     prompt: str
     chosen: str
     rejected: str
+    source: str | None = None
+    """One of PAIR_SOURCES; None (a pair read from a file) counts as "sample"."""
+
+    def __post_init__(self) -> None:
+        if self.source is not None and self.source not in PAIR_SOURCES:
+            raise ValueError(f"source must be one of {', '.join(PAIR_SOURCES)} or None, not {self.source!r}")
 
 
 @dataclass(frozen=True)
@@ -137,30 +148,54 @@ def _read_json_lines(path: Path) -> list[dict]:
     return rows
 
 
-def split_pairs(
-    pairs: Sequence[PairLike], heldout_fraction: float, seed: int
-) -> tuple[list[PairLike], list[PairLike]]:
-    """(train, heldout): a seeded shuffle by pair, round(n * heldout_fraction) pairs held out.
+def prompt_position(prompt: str) -> float:
+    """The prompt's place in [0, 1): the first 8 bytes of sha256 of its UTF-8 text over 2**64. The same in every
+    round, process and machine, with nothing stored."""
+    return int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big") / 2.0**64
 
-    The same pairs, fraction and seed always give the same split. A fraction of 0 holds nothing out;
-    any other fraction that leaves either side empty is an error saying how many pairs are needed.
+
+def split_pairs(pairs: Sequence[PairLike], heldout_fraction: float) -> tuple[list[PairLike], list[PairLike]]:
+    """(train, heldout) by prompt: the pairs of a prompt whose `prompt_position` is below heldout_fraction are
+    held out, every other pair trains; each side keeps the order of `pairs`.
+
+    No prompt is on both sides, and a pair held out once is held out in every later round, whatever else has been
+    voted on since (the reward model of the "full" strategy continues from the last round's: a pair it trained on
+    must never measure it). About heldout_fraction of the prompts are held out, so few prompts may hold out none
+    (the caller reports n_heldout 0 and no accuracy). When every prompt falls below the fraction (a handful of
+    prompts), the one placed highest trains, so that there is something to train on.
     """
     if not 0.0 <= heldout_fraction < 1.0:
         raise PreferenceDataError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}.")
-    order = list(range(len(pairs)))
-    random.Random(seed).shuffle(order)
-    n_heldout = round(len(pairs) * heldout_fraction)
-    if heldout_fraction > 0 and n_heldout == 0:
-        needed = int(0.5 / heldout_fraction) + 1
-        raise PreferenceDataError(
-            f"The held-out split is empty: {len(pairs)} pairs x heldout fraction {heldout_fraction} rounds to 0 pairs. "
-            f"Collect at least {needed} pairs, or raise the held-out fraction."
-        )
-    if n_heldout >= len(pairs):
-        raise PreferenceDataError(f"The training split is empty: {len(pairs)} pairs, all held out.")
-    heldout = [pairs[i] for i in order[:n_heldout]]
-    train = [pairs[i] for i in order[n_heldout:]]
+    positions = {pair.prompt: prompt_position(pair.prompt) for pair in pairs}
+    heldout_prompts = {prompt for prompt, position in positions.items() if position < heldout_fraction}
+    if heldout_prompts and len(heldout_prompts) == len(positions):
+        heldout_prompts.discard(max(positions, key=positions.get))
+    train = [pair for pair in pairs if pair.prompt not in heldout_prompts]
+    heldout = [pair for pair in pairs if pair.prompt in heldout_prompts]
     return train, heldout
+
+
+def pair_source(pair: PairLike) -> str:
+    """The pair's source (PAIR_SOURCES); a pair without one (read from a file) counts as a random sample pair."""
+    return getattr(pair, "source", None) or "sample"
+
+
+def heldout_accuracies(pairs: Sequence[PairLike], correct: Sequence[bool]) -> dict:
+    """Held-out accuracy by source, from whether the model ranked each held-out pair right.
+
+    rm/heldout_accuracy is over the random sample pairs (the estimate of how well the model ranks what the policy
+    writes, which the round's refusal reads), rm/heldout_accuracy_versus and rm/heldout_accuracy_chosen over the
+    others; rm/n_heldout counts them all and rm/n_heldout_<source> each. An accuracy over no pairs is None.
+    """
+    if len(pairs) != len(correct):
+        raise ValueError(f"{len(correct)} results for {len(pairs)} held-out pairs")
+    metrics: dict = {"rm/n_heldout": len(pairs)}
+    for source in PAIR_SOURCES:
+        right = [bool(ok) for pair, ok in zip(pairs, correct) if pair_source(pair) == source]
+        name = "rm/heldout_accuracy" if source == "sample" else f"rm/heldout_accuracy_{source}"
+        metrics[name] = sum(right) / len(right) if right else None
+        metrics[f"rm/n_heldout_{source}"] = len(right)
+    return metrics
 
 
 def truncate_pair(

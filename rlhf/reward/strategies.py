@@ -30,7 +30,8 @@ from rlhf.generate import pad_sequences, position_ids_from_mask
 from rlhf.losses import masked_mean
 from rlhf.reward import bt_head
 from rlhf.reward.model import MARKER_FILE, RewardModel, load_reward_model, load_reward_tokenizer
-from rlhf.reward.data import PairLike, PreferencePair, TokenizedPair, split_pairs, tokenize_pairs
+from rlhf.reward.data import (PairLike, PreferencePair, TokenizedPair, heldout_accuracies, split_pairs,
+                              tokenize_pairs)
 from rlhf.reward.config import STRATEGIES, StrategyConfig, VotesConfig
 from rlhf.reward.train import train_reward_model
 
@@ -172,7 +173,8 @@ class TrainedPreferenceModel:
     heads: torch.Tensor
     """(H, D) bootstrap heads on `feature`: the disagreement."""
     metrics: dict = field(default_factory=dict)
-    """rm/strategy, rm/heldout_accuracy, rm/n_train, rm/n_heldout, rm/lambda, rm/train_accuracy, ..."""
+    """rm/strategy, rm/heldout_accuracy (random sample pairs), rm/heldout_accuracy_versus, rm/heldout_accuracy_chosen,
+    rm/n_train, rm/n_heldout (and rm/n_heldout_<source>), rm/lambda, rm/accuracy, ..."""
     reward_model: RewardModel | None = None
     """The fine-tuned model of "full"."""
 
@@ -196,10 +198,10 @@ class TrainedPreferenceModel:
         fb = self.extractor.features(prompts, answers_b, self.feature)  # (N, D)
         return bt_head.ensemble_disagreement(self.heads, fa, fb).float()
 
-    def accuracy(self, pairs: Sequence[PairLike]) -> float:
-        """Share of pairs whose chosen answer scores strictly higher."""
+    def ranks_right(self, pairs: Sequence[PairLike]) -> list[bool]:
+        """For each pair, whether its chosen answer scores strictly higher."""
         prompts, chosen, rejected = _texts(pairs)
-        return float((self.score(prompts, chosen) > self.score(prompts, rejected)).float().mean())
+        return (self.score(prompts, chosen) > self.score(prompts, rejected)).tolist()
 
     def save(self, path: str | Path) -> Path:
         """A RewardModel folder (for PPO and RewardModel.from_pretrained) plus the bootstrap heads and settings.
@@ -314,7 +316,7 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
     config = config or StrategyConfig()
     if name not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {name!r}")
-    train, heldout = split_pairs(pairs, config.reward.heldout_fraction, config.seed)
+    train, heldout = split_pairs(pairs, config.reward.heldout_fraction)
     extractor = extractor or FeatureExtractor.from_model(base_model, config.batch_size, config.reward.max_length)
     feature = canonical_feature(config.votes.feature, extractor.reward_model.backbone.config.num_hidden_layers)
     prompts, chosen, rejected = _texts(train)
@@ -331,9 +333,8 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
         metrics = {**result.metrics, "rm/lambda": metrics["rm/lambda"]}
     model = TrainedPreferenceModel(name, extractor, feature, weight, heads, reward_model=reward_model)
     model.metrics = {**metrics, "rm/strategy": name, "rm/feature": feature, "rm/n_train": len(train),
-                     "rm/n_heldout": len(heldout)}
+                     **heldout_accuracies(heldout, model.ranks_right(heldout) if heldout else [])}
     if heldout:
-        model.metrics["rm/heldout_accuracy"] = model.accuracy(heldout)
         prompts, chosen, rejected = _texts(heldout)
         model.metrics["rm/heldout_disagreement"] = float(model.disagreement(prompts, chosen, rejected).mean())
     return model

@@ -23,9 +23,11 @@ from rlhf.losses import pairwise_loss
 from rlhf.reward.config import RewardTrainConfig
 from rlhf.reward.model import RewardModel, load_reward_model, load_reward_tokenizer
 from rlhf.reward.data import (
+    PAIR_SOURCES,
     PairCollator,
     PairLike,
     PreferenceDataError,
+    pair_source,
     split_pairs,
     tokenize_pairs,
 )
@@ -39,9 +41,11 @@ class RewardTrainResult:
 
     metrics: dict[str, float]
     """Namespaced metrics: rm/loss, rm/accuracy, rm/chosen_mean, rm/rejected_mean (last epoch, training pairs),
-    rm/heldout_accuracy, rm/heldout_loss, ... (held-out pairs), rm/n_train, rm/n_heldout, rm/steps, rm/pairs_per_s."""
+    rm/heldout_accuracy, rm/heldout_loss, ... (held-out random sample pairs: pairs without a source count as such),
+    rm/heldout_accuracy_versus and _chosen, rm/n_train, rm/n_heldout (and rm/n_heldout_<source>), rm/steps,
+    rm/pairs_per_s."""
     heldout_accuracy: float | None
-    """Share of held-out pairs whose chosen answer scores strictly higher; None when nothing was held out."""
+    """Share of held-out sample pairs whose chosen answer scores strictly higher; None when none was held out."""
     path: Path | None
     """Folder the model was saved to (None when `out_dir` was None)."""
     model: RewardModel | None = field(default=None, repr=False)
@@ -89,6 +93,19 @@ def batch_loss(model, batch: dict[str, torch.Tensor], config: RewardTrainConfig)
     )
 
 
+def evaluate_by_source(model, loaders: dict, accelerator, config: RewardTrainConfig) -> dict[str, float]:
+    """`evaluate` on each source's held-out loader: rm/heldout_* of the sample pairs, rm/heldout_accuracy_<source> of
+    the others (see rlhf.reward.data.heldout_accuracies)."""
+    metrics = {}
+    for source, loader in loaders.items():
+        measured = evaluate(model, loader, accelerator, config)
+        if source == "sample":
+            metrics.update(measured)
+        else:
+            metrics[f"rm/heldout_accuracy_{source}"] = measured["rm/heldout_accuracy"]
+    return metrics
+
+
 @torch.no_grad()
 def evaluate(model, loader, accelerator, config: RewardTrainConfig) -> dict[str, float]:
     """Held-out loss, accuracy and mean scores over `loader`, over all processes."""
@@ -133,7 +150,9 @@ def train_reward_model(
             f"Only {len(pairs)} preference pairs; training the reward model needs at least {config.min_pairs}. "
             "Collect more votes (ties, 'both bad' and skips do not count), or pass a larger --data file."
         )
-    train_pairs, heldout_pairs = split_pairs(pairs, config.heldout_fraction, config.seed)
+    train_pairs, heldout_pairs = split_pairs(pairs, config.heldout_fraction)
+    heldout_groups = {source: [pair for pair in heldout_pairs if pair_source(pair) == source]
+                      for source in PAIR_SOURCES}
     accelerator = make_accelerator(config.mixed_precision)
     set_seed(config.seed)
     tokenizer = load_reward_tokenizer(config.warm_start, config.model)
@@ -150,18 +169,20 @@ def train_reward_model(
         tokenize_pairs(tokenizer, train_pairs, config.max_length), batch_size=config.batch_size, shuffle=True,
         collate_fn=collate, generator=torch.Generator().manual_seed(config.seed),
     )
-    heldout_loader = DataLoader(
-        tokenize_pairs(tokenizer, heldout_pairs, config.max_length), batch_size=config.eval_batch_size,
-        shuffle=False, collate_fn=collate,
-    )
+    heldout_loaders = {
+        source: DataLoader(tokenize_pairs(tokenizer, group, config.max_length), batch_size=config.eval_batch_size,
+                           shuffle=False, collate_fn=collate)
+        for source, group in heldout_groups.items() if group
+    }
     model.to(accelerator.device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     # the fused kernel: one pass over the weights per step (on CPU about 10x faster than foreach, no big temporaries)
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay,
                                   fused=accelerator.device.type in ("cpu", "cuda"))
-    model, optimizer, train_loader, heldout_loader = accelerator.prepare(
-        model, optimizer, train_loader, heldout_loader
+    model, optimizer, train_loader, *prepared = accelerator.prepare(
+        model, optimizer, train_loader, *heldout_loaders.values()
     )
+    heldout_loaders = dict(zip(heldout_loaders, prepared))
     # derived step counts, in one place: optimizer steps per epoch and over the run (per process)
     steps_per_epoch = math.ceil(len(train_loader) / config.grad_accum)
     total_steps = steps_per_epoch * config.epochs
@@ -215,19 +236,22 @@ def train_reward_model(
             report(metrics)
             if step >= total_steps:
                 break
-        if heldout_pairs:
-            metrics.update(evaluate(model, heldout_loader, accelerator, config))
+        if heldout_loaders:
+            metrics.update(evaluate_by_source(model, heldout_loaders, accelerator, config))
             report(metrics)
     bar.close()
 
     metrics.update({
         "rm/n_train": len(train_pairs),
         "rm/n_heldout": len(heldout_pairs),
+        **{f"rm/n_heldout_{source}": len(group) for source, group in heldout_groups.items()},
         "rm/steps": step,
         "rm/pairs_per_s": pairs_seen * accelerator.num_processes / max(train_seconds, 1e-9),
         "time/rm_train_s": train_seconds,
     })
-    heldout_accuracy = metrics.get("rm/heldout_accuracy") if heldout_pairs else None
+    for source in PAIR_SOURCES:  # None where nothing of a source was held out, as heldout_accuracies reports it
+        metrics.setdefault("rm/heldout_accuracy" if source == "sample" else f"rm/heldout_accuracy_{source}", None)
+    heldout_accuracy = metrics["rm/heldout_accuracy"]
     unwrapped = accelerator.unwrap_model(model)
     unwrapped.info["training"] = {"config": asdict(config), "metrics": metrics}
     path = None

@@ -22,22 +22,10 @@ from typing import Callable
 
 from annotate.store import Store
 from rlhf.distributed import broadcast_from_main, is_main_process, wait_for_everyone
+from rlhf.round.checks import RoundRefused, check_accuracy
 from rlhf.round.config import TrainingConfig, ppo_settings, strategy_settings
 
 Log = Callable[[str], None]
-
-
-CURVE_VOTES_FOR_TARGET = 200
-"""bench/reward_curve.py (25% flips, 232 prompts x 8 answers of the default model, 10 splits): the default head
-(answer-mean of layer 2, "mean@2") reached 72% held-out accuracy at 200 votes for the courteous annotator and 63% for
-the polite one (66% at 384); the last-token feature stayed at chance. The refusal quotes it when the measured
-accuracy itself says nothing about the votes needed."""
-CURVE_ACCURACY_AT_TARGET = (0.63, 0.72)
-"""The curve's held-out accuracy at CURVE_VOTES_FOR_TARGET votes: polite and courteous annotators."""
-
-
-class RoundRefused(RuntimeError):
-    """The round cannot (or should not) run; the message says why and what to do. Exit code 3."""
 
 
 class RoundBusy(RoundRefused):
@@ -87,8 +75,9 @@ class RoundPlan:
     """Row of this round in the rounds table."""
     policy_round: int
     """Round number the new policy is recorded under (last policy's + 1)."""
-    preferences: list[tuple[str, str, str]]
-    """(prompt, chosen, rejected) of every pair with a majority among a/b votes, all rounds."""
+    preferences: list[tuple[str, str, str, str]]
+    """(prompt, chosen, rejected, source) of every pair with a majority among a/b votes, all rounds; source is
+    "sample", "versus" or "chosen" (rlhf.reward.data.PAIR_SOURCES: held-out accuracy is reported by source)."""
     new_pairs: int
     """Preference pairs that arrived since the last finished round."""
     reference_path: str
@@ -143,7 +132,7 @@ def plan_round(store: Store, base_model: str, config: TrainingConfig, exclude_pr
     if stale:
         log(f"Marked crashed round(s) {', '.join(map(str, stale))} as failed; resuming from what they finished.")
     store.ensure_base_policy(base_model)
-    preferences = [(p.prompt, p.chosen, p.rejected) for p in store.preferences()]
+    preferences = [(p.prompt, p.chosen, p.rejected, p.source) for p in store.preferences()]
     last_done = store.last_done_round()
     used_before = int(last_done.metrics.get("round/pairs_used", 0)) if last_done else 0
     new_pairs = len(preferences) - used_before
@@ -284,42 +273,9 @@ def _reward_stage(plan: RoundPlan, base_model: str, config: TrainingConfig, reco
         model.save(staging)
         _publish(staging, out_dir)
     wait_for_everyone()
-    _check_accuracy(model.metrics, plan, config, record, log)
+    check_accuracy(model.metrics, plan, config, record, log)
     record({"round/reward_model_path": str(out_dir)})
     return str(out_dir)
-
-
-def _check_accuracy(metrics: dict, plan: RoundPlan, config: TrainingConfig, record, log: Log) -> None:
-    """Record held-out accuracy with its interval; refuse PPO below the bar or when the interval reaches chance.
-
-    round.min_accuracy = 0 turns both refusals off.
-    """
-    from rlhf.reward.strategies import votes_to_beat_chance, wilson_interval
-
-    accuracy, n_heldout = metrics.get("rm/heldout_accuracy"), int(metrics.get("rm/n_heldout", 0))
-    low, high = wilson_interval(accuracy, n_heldout, config.votes.confidence_z) if accuracy is not None else (0, 1)
-    record({**{k: v for k, v in metrics.items() if not k.startswith("rm/live_")},
-            "rm/heldout_accuracy": accuracy, "rm/heldout_low": low, "rm/heldout_high": high})
-    log(f"Round {plan.round_id}: reward model held-out accuracy "
-        f"{'n/a' if accuracy is None else f'{accuracy:.1%} ({low:.0%}-{high:.0%} on {n_heldout} pairs)'} "
-        f"(bar {config.round.min_accuracy:.0%}, and the interval must clear chance).")
-    if accuracy is None or config.round.min_accuracy <= 0:
-        return
-    n_votes = len(plan.preferences)
-    if accuracy < config.round.min_accuracy or low < 0.5:
-        needed = votes_to_beat_chance(accuracy, config.reward.heldout_fraction, config.votes.confidence_z)
-        if needed is not None and needed > n_votes and accuracy >= config.round.min_accuracy:
-            more = f"At this accuracy about {needed - n_votes} more votes ({needed} in all) would show it is not chance"
-        else:
-            low_curve, high_curve = CURVE_ACCURACY_AT_TARGET
-            more = (f"On the learning curves (bench/reward_curve.py, simulated annotators, 25% flips) the default head "
-                    f"needed about {CURVE_VOTES_FOR_TARGET} votes in all for {low_curve:.0%}-{high_curve:.0%} held-out "
-                    f"accuracy: about {max(CURVE_VOTES_FOR_TARGET - n_votes, 0)} more")
-        raise RoundRefused(
-            f"The reward model's held-out accuracy {accuracy:.1%} ({low:.0%}-{high:.0%}, 95% interval on {n_heldout} "
-            f"held-out pairs) cannot be told from chance or is below the bar {config.round.min_accuracy:.0%}: PPO on "
-            f"it would chase noise. {more}. Collect more votes, or lower round.min_accuracy (0 turns this off)."
-        )
 
 
 def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record, log: Log, store) -> int | None:
