@@ -66,6 +66,7 @@ def test_two_rounds_record_two_policies_their_metrics_and_fresh_pairs(tmp_path, 
     assert rounds[0].metrics["round/rm_strategy"] == "head"
     assert rounds[0].metrics["round/normalize_rewards"] is True  # round.adapt_ppo_to_head, on by default
     assert rounds[0].metrics["round/ppo_lam"] == 1.0
+    assert [r.metrics["round/ppo_seed"] for r in rounds] == [1, 2]  # round.seed 0 + the round's id, not [ppo].seed
     for round_ in rounds:  # held-out accuracy by source, each with its count (every pair here is a random one)
         assert round_.metrics["rm/n_heldout"] == round_.metrics["rm/n_heldout_sample"] + \
             round_.metrics["rm/n_heldout_versus"] + round_.metrics["rm/n_heldout_chosen"]
@@ -93,6 +94,15 @@ def test_ppo_on_a_head_reward_model_normalises_scores_and_takes_lambda_one_unles
     assert (settings.normalize_rewards, settings.lam) == ((True, 1.0) if adapted else (False, 0.9))
     assert settings.kl_ctl == config.ppo.kl_ctl and settings.actor_lr == config.ppo.actor_lr  # nothing else changes
     assert (config.ppo.normalize_rewards, config.ppo.lam) == (False, 0.9)  # the loaded configuration is left as it was
+
+
+def test_ppo_seed_follows_round_seed_and_the_round_while_train_ppo_keeps_its_own(tmp_path):
+    from rlhf.round.config import ppo_settings
+
+    config = load_config(None, ["round.seed=7", "ppo.seed=42"])
+    assert [ppo_settings(config, str(tmp_path), round_id).seed for round_id in (1, 2, 3)] == [8, 9, 10]
+    assert ppo_settings(config, str(tmp_path)).seed == 42  # --train-ppo: no round, [ppo].seed
+    assert config.ppo.seed == 42  # the loaded configuration is left as it was
 
 
 def test_the_round_plan_carries_each_preferences_source(tiny_model_dir):

@@ -75,7 +75,8 @@ class PPOConfig:
     epochs: int = 1
     """Passes over the prompts when steps is 0."""
     seed: int = 42
-    """Seed of sampling, prompt order and LoRA initialisation."""
+    """Seed of sampling, prompt order and LoRA initialisation, for --train-ppo; a round seeds its PPO with round.seed
+    plus the round's id (rlhf.round.config.ppo_settings)."""
     reuse_forward: bool = True
     """With one epoch over one mini-batch, take old log-probs/values from the update's own forward pass."""
     mixed_precision: str = "auto"

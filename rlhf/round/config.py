@@ -39,7 +39,8 @@ class RoundConfig:
     checkpoints_dir: str = "data/checkpoints"
     """Where reward models and policies of each round are saved, in a folder per database: <dir>/<db name>/round-N."""
     seed: int = 0
-    """Seed for splits, prompt choice and training."""
+    """Seed for prompt choice, pair making and training: round N seeds its reward model, its PPO ([ppo].seed is
+    for --train-ppo) and its next pairs with seed + N. The held-out split follows the prompts, not the seed."""
 
 
 @dataclass
@@ -54,14 +55,19 @@ class TrainingConfig:
     """Reward-model strategy by vote count and active choice of the next pairs (rlhf.reward.strategies)."""
 
 
-def ppo_settings(config: TrainingConfig, reward_model_path: str) -> PPOConfig:
+def ppo_settings(config: TrainingConfig, reward_model_path: str, round_id: int | None = None) -> PPOConfig:
     """config.ppo, with normalised rewards and GAE lambda 1 when round.adapt_ppo_to_head asks for them and the reward
-    model is a head or ensemble (RoundConfig.adapt_ppo_to_head says why)."""
+    model is a head or ensemble (RoundConfig.adapt_ppo_to_head says why); in round `round_id`, seeded with
+    round.seed + round_id like the round's other stages, so that rounds do not repeat one another's draws
+    (`--train-ppo` passes no round and keeps [ppo].seed)."""
     from rlhf.reward.strategies import saved_strategy  # torch: only when a round or --train-ppo runs
 
-    if not config.round.adapt_ppo_to_head or saved_strategy(reward_model_path) not in ("head", "ensemble"):
-        return config.ppo
-    return replace(config.ppo, normalize_rewards=True, lam=1.0)
+    settings = config.ppo
+    if config.round.adapt_ppo_to_head and saved_strategy(reward_model_path) in ("head", "ensemble"):
+        settings = replace(settings, normalize_rewards=True, lam=1.0)
+    if round_id is not None:
+        settings = replace(settings, seed=config.round.seed + round_id)
+    return settings
 
 
 def strategy_settings(config: TrainingConfig, seed: int, warm_start: str | None) -> StrategyConfig:

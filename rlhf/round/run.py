@@ -283,10 +283,12 @@ def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record
     from rlhf.ppo.train import train_ppo
 
     record({"round/stage": "ppo"})
-    ppo_config = ppo_settings(config, reward_path)
-    adapted = " (head reward model: scores normalised, GAE lambda 1)" if ppo_config is not config.ppo else ""
+    ppo_config = ppo_settings(config, reward_path, plan.round_id)
+    adapted = " (head reward model: scores normalised, GAE lambda 1)" if ppo_config.lam != config.ppo.lam or \
+        ppo_config.normalize_rewards != config.ppo.normalize_rewards else ""
     log(f"Round {plan.round_id}: PPO on {len(plan.ppo_prompts)} prompts from policy {plan.actor_policy_id}{adapted}.")
-    record({"round/normalize_rewards": ppo_config.normalize_rewards, "round/ppo_lam": ppo_config.lam})
+    record({"round/normalize_rewards": ppo_config.normalize_rewards, "round/ppo_lam": ppo_config.lam,
+            "round/ppo_seed": ppo_config.seed})
     history: list[dict] = []
 
     def on_step(step_metrics: dict) -> None:
