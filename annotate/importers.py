@@ -14,6 +14,11 @@ PROMPT_FIELDS = ("prompt", "text")
 """Field (or column) names holding the prompt, in order of preference."""
 TEXT_SUFFIXES = {"", ".txt", ".text"}
 DATA_FILE_SUFFIXES = {".parquet", ".arrow"}
+SUFFIXES = {".jsonl", ".json", ".csv", ".tsv", *TEXT_SUFFIXES, *DATA_FILE_SUFFIXES}
+ACCEPTED_FILES = ("JSON Lines (.jsonl), JSON (.json), CSV (.csv), TSV (.tsv), plain text with one prompt a line "
+                  "(.txt), Parquet (.parquet) or Arrow (.arrow)")
+"""For messages: the files read_prompts accepts, each with a 'prompt' or 'text' field or column (text: none)."""
+ACCEPTED_FORMATS = f"{ACCEPTED_FILES}, or a Hugging Face dataset folder"
 
 
 class PromptImportError(ValueError):
@@ -22,8 +27,14 @@ class PromptImportError(ValueError):
     def __init__(self, path: Path | str, message: str, line: int | None = None):
         self.path = str(path)
         self.line = line
-        where = f"{self.path}, line {line}" if line is not None else self.path
-        super().__init__(f"{where}: {message}")
+        self.reason = message
+        """What is wrong, without the file's name."""
+        super().__init__(self.naming(self.path))
+
+    def naming(self, name: str) -> str:
+        """The message with the file called `name`: the name a person uploaded, not the server's copy of it."""
+        where = f"{name}, line {self.line}" if self.line is not None else name
+        return f"{where}: {self.reason}"
 
 
 def _decoded_lines(path: Path) -> list[str]:
@@ -36,7 +47,8 @@ def _decoded_lines(path: Path) -> list[str]:
         try:
             lines.append(raw_line.decode("utf-8").rstrip("\r"))
         except UnicodeDecodeError as error:
-            raise PromptImportError(path, f"not UTF-8 text ({error.reason} at byte {error.start})", number) from None
+            raise PromptImportError(path, f"not UTF-8 text ({error.reason} at byte {error.start}); save it as UTF-8 "
+                                          f"text, or use one of: {ACCEPTED_FORMATS}", number) from None
     return lines
 
 
@@ -84,7 +96,7 @@ def _read_json_array(path: Path, lines: list[str]) -> list[str]:
         try:
             prompts.append(_prompt_from_record(path, record, None))
         except PromptImportError as error:
-            raise PromptImportError(path, f"item {index}: {str(error).split(': ', 1)[1]}") from None
+            raise PromptImportError(path, f"item {index}: {error.reason}") from None
     return prompts
 
 
@@ -158,27 +170,24 @@ def read_prompts(path: Path | str) -> list[str]:
     path = Path(path)
     if not path.exists():
         raise PromptImportError(path, "no such file or folder")
+    suffix = path.suffix.lower()
     if path.is_dir():
         prompts = _read_dataset_folder(path)
+    elif suffix not in SUFFIXES:  # before reading: a program or a picture is not "bad UTF-8"
+        raise PromptImportError(path, f"unsupported file type '{suffix}'; accepted: {ACCEPTED_FORMATS}")
+    elif suffix in DATA_FILE_SUFFIXES:
+        prompts = _read_data_file(path)
     else:
-        suffix = path.suffix.lower()
-        if suffix in DATA_FILE_SUFFIXES:
-            prompts = _read_data_file(path)
+        lines = _decoded_lines(path)
+        if suffix == ".jsonl":
+            prompts = _read_jsonl(path, lines)
+        elif suffix == ".json":
+            first = "\n".join(lines).lstrip()[:1]
+            prompts = _read_json_array(path, lines) if first == "[" else _read_jsonl(path, lines)
+        elif suffix in (".csv", ".tsv"):
+            prompts = _read_csv(path, lines, "\t" if suffix == ".tsv" else ",")
         else:
-            lines = _decoded_lines(path)
-            if suffix == ".jsonl":
-                prompts = _read_jsonl(path, lines)
-            elif suffix == ".json":
-                first = "\n".join(lines).lstrip()[:1]
-                prompts = _read_json_array(path, lines) if first == "[" else _read_jsonl(path, lines)
-            elif suffix in (".csv", ".tsv"):
-                prompts = _read_csv(path, lines, "\t" if suffix == ".tsv" else ",")
-            elif suffix in TEXT_SUFFIXES:
-                prompts = [line.strip() for line in lines if line.strip()]
-            else:
-                raise PromptImportError(
-                    path, f"unsupported file type '{suffix}' (use .jsonl, .json, .csv, .tsv, .txt, .parquet or a dataset folder)"
-                )
+            prompts = [line.strip() for line in lines if line.strip()]
     if not prompts:
         raise PromptImportError(path, "empty file: no prompts found")
     return prompts

@@ -66,7 +66,8 @@ class RoundRunner:
         self.auto_every = int(every)
 
     def new_votes(self) -> int:
-        """Votes (no skips) recorded since the last round started from here (or, before any, the last finished)."""
+        """Votes (no skips) recorded since the last round started from here (or, before any, the last finished): what
+        auto-start counts, so that a refused round (too few pairs) is not started again on the very next vote."""
         return self.store.count_votes_since(None) - self._votes_at_last_start
 
     def start(self, started_by: str) -> tuple[bool, str]:
@@ -153,4 +154,12 @@ class RoundRunner:
         if other is not None:
             return f"Round {other.id} is running in another process ({other.pid}). {auto}."
         last = "" if process is None else f"Last round from here exited with code {process.poll()}. "
-        return f"No round running. {last}{self.new_votes()} new votes since the last round; {auto}."
+        # Counted from the last *finished* round, whatever was started (and refused or failed) since.
+        done = self.store.last_done_round()
+        new = self.store.votes_since_last_round()
+        since = f"{new} new votes since the last finished round (round {done.id})" if done else \
+            f"{new} votes; no round has finished yet"
+        still_needed = self.auto_every - self.new_votes()
+        if self.auto_every and still_needed > 0:
+            auto += f" (the next after {still_needed} more)"
+        return f"No round running. {last}{since}; {auto}."

@@ -16,7 +16,7 @@ import gradio as gr
 import pandas as pd
 
 from annotate.generation_job import GenerationJob
-from annotate.importers import PromptImportError
+from annotate.importers import ACCEPTED_FILES, PromptImportError
 from annotate.records import ROLES
 from annotate.rounds_runner import RoundRunner
 from annotate.store import Store
@@ -54,6 +54,11 @@ class AdminHandlers:
         return (f"Signed in as **{escape(name)}** (annotator): the actions on this page are for admins and will be "
                 "refused.")
 
+    def tab_visible(self, session: Session | None, request: gr.Request | None = None) -> bool:
+        """Whether the page shows this person the Admin tab: to admins only. Hiding it spares annotators buttons that
+        would refuse them; it protects nothing, so every handler here still checks the role."""
+        return self.refusal(session, request) is None
+
     def annotators_frame(self, session: Session | None, request: gr.Request | None = None) -> pd.DataFrame:
         if self.refusal(session, request):
             return pd.DataFrame(columns=ANNOTATOR_COLUMNS)
@@ -64,12 +69,15 @@ class AdminHandlers:
         if refused := self.refusal(session, request):
             return refused
         if not file_path:
-            return "Choose a file first (JSONL, JSON, CSV, TSV, plain text, parquet)."
+            return f"Choose a file first: {ACCEPTED_FILES}."
+        # Gradio keeps the uploaded file under a temporary folder with its original name: messages use that name.
         name = Path(file_path).name
         try:
             result = self.store.import_prompts(file_path, source=name)
-        except (PromptImportError, ValueError, OSError) as error:
-            return f"Nothing imported from {escape(name)}: {escape(str(error))}"
+        except PromptImportError as error:
+            return f"Nothing imported: {escape(error.naming(name))}"
+        except (ValueError, OSError) as error:
+            return f"Nothing imported from {escape(name)}: {escape(str(error).replace(str(file_path), name))}"
         return (f"Imported {result.added} new prompts from {escape(name)}"
                 f"{f' ({result.skipped} already there)' if result.skipped else ''}; "
                 f"{self.store.count_prompts()} prompts in all.")
@@ -153,7 +161,7 @@ def build_admin_tab(handlers: AdminHandlers, session: gr.State, config: AppConfi
     """Lay out the admin tab inside the current gr.Tab; returns (its refresh timer, the overview outputs)."""
     who = gr.Markdown(elem_id="admin-who")
     with gr.Accordion("Prompts", open=True):
-        upload = gr.File(label="Prompt file (JSONL, JSON, CSV, TSV, plain text, parquet)", type="filepath")
+        upload = gr.File(label=f"Prompt file: {ACCEPTED_FILES}", type="filepath")
         import_button = gr.Button("Import prompts")
         import_message = gr.Markdown()
     with gr.Accordion("Pairs", open=True):

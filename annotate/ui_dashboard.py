@@ -31,6 +31,8 @@ ROUND_COLUMNS = ["round", "status", "started", "pairs used", "rm held-out accura
                  "duration", "error"]
 WIN_RATE_COLUMNS = ["policy", "against", "wins", "losses", "ties", "both bad", "win rate"]
 AGREEMENT_COLUMNS = ["annotator 1", "annotator 2", "pairs", "agreement", "kappa"]
+NO_ROUNDS_ACROSS = "No rounds yet: each finished round adds a point here."
+NO_ROUNDS_WITHIN = "No rounds yet: the last round's per-step curves appear here."
 Z_95 = 1.959964
 
 
@@ -138,6 +140,11 @@ def metrics_within_round(metrics: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["step", "metric", "value"])
 
 
+def chart(frame: pd.DataFrame, empty_note: str) -> dict:
+    """A plot's new value; an empty plot says why (a bare box reads as broken)."""
+    return gr.update(value=frame, caption=empty_note if frame.empty else "")
+
+
 def last_round_with_history(rounds: list[Round]) -> Round | None:
     for r in reversed(rounds):
         if not metrics_within_round(r.metrics).empty:
@@ -188,11 +195,12 @@ class DashboardHandlers:
         agreement_text, agreement_frame = self.agreement()
         rounds = self.store.rounds()
         last = last_round_with_history(rounds)
-        within_title = (f"**Within round {last.id}** ({last.status})" if last
-                        else "No round has kept a per-step history yet.")
+        no_history = NO_ROUNDS_WITHIN if not rounds else "No round has kept a per-step history yet."
+        within_title = f"**Within round {last.id}** ({last.status})" if last else "**Within the last round**"
         return (self.counts_markdown(stats), by_annotator, agreement_text, agreement_frame,
-                rounds_frame(rounds, now=datetime.now().astimezone()), metrics_across_rounds(rounds), within_title,
-                metrics_within_round(last.metrics) if last else metrics_within_round({}), self.win_rates())
+                rounds_frame(rounds, now=datetime.now().astimezone()),
+                chart(metrics_across_rounds(rounds), NO_ROUNDS_ACROSS), within_title,
+                chart(metrics_within_round(last.metrics if last else {}), no_history), self.win_rates())
 
 
 def build_dashboard_tab(handlers: DashboardHandlers, config: AppConfig) -> tuple[gr.Timer, list]:
@@ -210,11 +218,11 @@ def build_dashboard_tab(handlers: DashboardHandlers, config: AppConfig) -> tuple
                           elem_id="rounds-table")
     with gr.Row():
         across = gr.LinePlot(pd.DataFrame(columns=["round", "metric", "value"]), x="round", y="value",
-                             color="metric", title="Metrics across rounds")
+                             color="metric", title="Metrics across rounds", caption=NO_ROUNDS_ACROSS)
         with gr.Column():
             within_title = gr.Markdown()
             within = gr.LinePlot(pd.DataFrame(columns=["step", "metric", "value"]), x="step", y="value",
-                                 color="metric", title="Metrics within the last round")
+                                 color="metric", title="Metrics within the last round", caption=NO_ROUNDS_WITHIN)
     win_rates = gr.Dataframe(
         pd.DataFrame(columns=WIN_RATE_COLUMNS), interactive=False,
         label="Human win rate of each policy against an earlier one (versus pairs; ties count half)",

@@ -113,6 +113,19 @@ def test_non_utf8_input_names_the_line(tmp_path):
     assert isinstance(caught.value, ValueError)
 
 
+def test_a_program_is_an_unsupported_file_type_not_bad_text_and_the_message_lists_the_formats(tmp_path):
+    path = tmp_path / "upload-7f3a" / "setup.exe"
+    path.parent.mkdir()
+    path.write_bytes(b"MZ\x90\x00\xff\xfe binary")
+    with pytest.raises(PromptImportError) as caught:
+        read_prompts(path)
+    assert caught.value.reason == (
+        "unsupported file type '.exe'; accepted: JSON Lines (.jsonl), JSON (.json), CSV (.csv), TSV (.tsv), plain text "
+        "with one prompt a line (.txt), Parquet (.parquet) or Arrow (.arrow), or a Hugging Face dataset folder")
+    assert str(caught.value) == f"{path}: {caught.value.reason}"
+    assert caught.value.naming("setup.exe") == f"setup.exe: {caught.value.reason}"  # as the person named it
+
+
 def test_missing_file_and_bad_dataset_folder(tmp_path):
     with pytest.raises(PromptImportError, match="no such file or folder"):
         read_prompts(tmp_path / "nope.jsonl")
