@@ -21,6 +21,7 @@ from annotate.rounds_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui_admin import AdminHandlers, build_admin_tab
 from annotate.ui_dashboard import DashboardHandlers, build_dashboard_tab
+from annotate.ui_style import CSS, SHOW_NEW_PAIR_JS, keyboard_js, render_prompt
 from annotate.identity import SessionTokens
 from annotate.ui_session import (
     SET_COOKIE_JS, AppConfig, Session, clean_name, escape, render_untrusted, session_cookie, session_ended,
@@ -39,33 +40,8 @@ VOTE_BUTTONS = (
 SCREEN_CHOICES = tuple(choice for choice, _label, _key in VOTE_BUTTONS)
 CHOICE_LABELS = {choice: label for choice, label, _key in VOTE_BUTTONS}
 
-# Keys 1-5 click the vote buttons; typing in a text box (the better-answer box, the sign-in name) is left alone.
-KEYBOARD_JS = """
-() => {
-  if (window.__rlhfLoopKeys) return;
-  window.__rlhfLoopKeys = true;
-  const buttons = %s;
-  document.addEventListener('keydown', (event) => {
-    if (event.ctrlKey || event.metaKey || event.altKey || event.repeat) return;
-    const target = event.target;
-    const tag = target && target.tagName ? target.tagName.toLowerCase() : '';
-    if (tag === 'input' || tag === 'textarea' || tag === 'select' || (target && target.isContentEditable)) return;
-    const id = buttons[event.key];
-    if (!id) return;
-    const button = document.getElementById(id);
-    if (!button || button.offsetParent === null || button.disabled) return;
-    event.preventDefault();
-    button.click();
-  });
-}
-""" % ({key: f"vote-{choice}" for choice, _label, key in VOTE_BUTTONS},)
-
-CSS = """
-.untrusted { white-space: normal; overflow-wrap: anywhere; }
-.untrusted pre { white-space: pre-wrap; }
-#answer-left, #answer-right, #prompt { border: 1px solid var(--border-color-primary); border-radius: 8px;
-  padding: 0.75em; min-height: 4em; }
-"""
+# Keys 1-5 click the vote buttons.
+KEYBOARD_JS = keyboard_js({key: f"vote-{choice}" for choice, _label, key in VOTE_BUTTONS})
 
 
 @dataclass(frozen=True)
@@ -83,6 +59,8 @@ class AnnotateView:
     """Markdown: what just happened, or why there is no pair."""
     recorded: bool = False
     """A vote was recorded by this call (the page then clears the better-answer box)."""
+    earlier_vote_stands: bool = False
+    """This person had already voted on the pair (another tab): nothing was recorded, the page moved on."""
 
     @property
     def waiting(self) -> bool:
@@ -157,16 +135,20 @@ class AnnotateHandlers:
         if showing is None or shown_pair_id is None or int(shown_pair_id) != showing.pair_id:
             return session, self.view(session, name, "That vote was already recorded.")
         seconds = round(time.monotonic() - session.shown_at, 3)
-        self.store.record_vote(showing.pair_id, name, showing.stored_choice(choice), showing.a_on_left, seconds)
-        notes = []
-        if better_answer and better_answer.strip():
-            self.store.add_demonstration(showing.prompt_id, name, better_answer)
-            notes.append("Your better answer was saved.")
-        if self.runner.maybe_auto_start():
-            notes.append("A training round started automatically.")
+        outcome = self.store.submit_vote(showing.pair_id, name, showing.stored_choice(choice), showing.a_on_left,
+                                         seconds, better_answer)
+        if outcome.recorded:
+            notes = [f"Recorded: {CHOICE_LABELS[choice]}."]
+            if outcome.demonstration_id is not None:
+                notes.append("Your better answer was saved.")
+            if self.runner.maybe_auto_start():
+                notes.append("A training round started automatically.")
+        else:  # another tab of this person (or a parallel submit) voted on this pair first
+            notes = [f"Your earlier vote ({CHOICE_LABELS[showing.screen_choice(outcome.choice)]}) stands; this one "
+                     f"was not recorded{' (nor its better answer)' if (better_answer or '').strip() else ''}."]
         session = self._show_next(session, name)
-        view = self.view(session, name, " ".join([f"Recorded: {CHOICE_LABELS[choice]}.", *notes]))
-        return session, replace(view, recorded=True)
+        view = self.view(session, name, " ".join(notes))
+        return session, replace(view, recorded=outcome.recorded, earlier_vote_stands=not outcome.recorded)
 
     def look_for_pair(self, session: Session, request: gr.Request | None = None) -> tuple[Session, AnnotateView]:
         """While waiting (empty queue, first batch generating): show a pair as soon as one exists."""
@@ -201,7 +183,7 @@ class AnnotateHandlers:
             status = " ".join(part for part in [notes, status, *waiting] if part)
             return AnnotateView(signed_in=True, pair_id=None, progress=progress, status=status)
         return AnnotateView(
-            signed_in=True, pair_id=showing.pair_id, prompt_html=render_untrusted(showing.prompt),
+            signed_in=True, pair_id=showing.pair_id, prompt_html=render_prompt(showing.prompt),
             left_html=render_untrusted(showing.left), right_html=render_untrusted(showing.right),
             progress=progress, status=" ".join(part for part in [notes, status] if part),
         )
@@ -237,7 +219,7 @@ def build_app(store: Store, generator: PairGenerator, runner: RoundRunner, confi
                 annotate_tab = _build_annotate_tab(annotate, config, session)
             with gr.Tab("Dashboard", id="dashboard") as dashboard_tab_block:
                 dashboard_timer, dashboard_outputs = build_dashboard_tab(dashboard, config)
-            with gr.Tab("Admin", id="admin") as admin_tab_block:
+            with gr.Tab("Admin", id="admin", visible=False) as admin_tab_block:  # shown to admins on sign-in
                 admin_timer, admin_outputs = build_admin_tab(admin, session, config)
 
         # Dashboard and admin pages refresh on a timer only while they are open, so twenty annotators on the
@@ -256,13 +238,21 @@ def build_app(store: Store, generator: PairGenerator, runner: RoundRunner, confi
         admin_tab_block.select(open_admin, [session], [dashboard_timer, admin_timer, *admin_outputs], **private)
         demo.load(None, js=KEYBOARD_JS)
         # With an auth file the login already named this person; without one the session cookie may: sign them in.
-        demo.load(annotate_tab.on_load, [session], annotate_tab.sign_in_outputs, api_visibility="private",
-                  concurrency_limit=None).then(None, [annotate_tab.cookie], None, js=SET_COOKIE_JS)
+        loaded = demo.load(annotate_tab.on_load, [session], annotate_tab.sign_in_outputs, api_visibility="private",
+                           concurrency_limit=None)
+        loaded.then(None, [annotate_tab.cookie], None, js=SET_COOKIE_JS)
+
+        def show_admin_tab(state: Session, request: gr.Request):
+            return gr.Tab(visible=admin.tab_visible(state, request))
+
+        for signed_in in (loaded, *annotate_tab.sign_in_events):
+            signed_in.then(show_admin_tab, [session], [admin_tab_block], **private)
     return demo
 
 
 @dataclass
 class _AnnotateComponents:
+    sign_in_events: list
     on_load: Callable
     sign_in_outputs: list
     cookie: gr.Textbox
@@ -324,7 +314,7 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
                 with gr.Column():
                     gr.Markdown("**Answer B**")
                     right_html = gr.HTML(elem_id="answer-right", js_on_load=None)
-            with gr.Row():
+            with gr.Row(elem_id="vote-bar"):  # sticks to the bottom of the screen (ui_style.CSS)
                 buttons = {
                     choice: gr.Button(f"{label}  [{key}]", elem_id=f"vote-{choice}",
                                       variant="primary" if choice in ("left", "right") else "secondary")
@@ -362,8 +352,9 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
             session_cookie(state, config, ended)
 
     def after_vote(state: Session, view: AnnotateView, better: str) -> tuple:
-        # The better-answer box is cleared once the vote (and the answer with it) went through.
-        return state, "" if view.recorded else better, *_render_layout(view, after_vote=True), \
+        # The better-answer box is cleared once the vote (and the answer with it) went through, or lost to another tab.
+        return state, "" if view.recorded or view.earlier_vote_stands else better, \
+            *_render_layout(view, after_vote=True), \
             *_render(view, after_vote=True)
 
     def vote(choice: str, pair_id, better: str, state: Session, request: gr.Request):
@@ -383,16 +374,18 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
 
     fast = {"concurrency_limit": None, "show_progress": "hidden"}
     sign_in_outputs = [session, sign_in_message, *layout_outputs, *pair_outputs, cookie]
-    for sign_in_event in (
+    sign_in_events = [
         sign_in_button.click(sign_in, [name_box, session], sign_in_outputs, api_name="sign_in", **fast),
         name_box.submit(sign_in, [name_box, session], sign_in_outputs, api_visibility="private", **fast),
-    ):
+    ]
+    for sign_in_event in sign_in_events:
         sign_in_event.then(None, [cookie], None, js=SET_COOKIE_JS)
     vote_outputs = [session, better_answer, *layout_outputs, *pair_outputs]
     for choice, button in buttons.items():
         button.click(vote_for(choice), [shown_pair_id, better_answer, session], [*vote_outputs, sign_in_message],
-                     api_visibility="private", **fast)
+                     api_visibility="private", **fast).then(None, js=SHOW_NEW_PAIR_JS)
     api_vote.click(vote, [api_choice, shown_pair_id, better_answer, session], vote_outputs, api_name="vote", **fast)
     waiting_timer.tick(look_for_pair, [session], [session, *layout_outputs, *pair_outputs], api_visibility="private",
                        **fast)
-    return _AnnotateComponents(on_load=on_load, sign_in_outputs=sign_in_outputs, cookie=cookie)
+    return _AnnotateComponents(sign_in_events=sign_in_events, on_load=on_load, sign_in_outputs=sign_in_outputs,
+                               cookie=cookie)
