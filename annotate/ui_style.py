@@ -40,7 +40,7 @@ CSS = """
 .long-prompt summary { cursor: pointer; list-style: none; }
 .long-prompt summary::-webkit-details-marker { display: none; }
 .long-prompt .prompt-preview { white-space: pre-wrap; overflow-wrap: anywhere; }
-.long-prompt .show-all { display: inline-block; margin-top: 0.4em; font-weight: 600;
+.long-prompt .show-all { display: inline-block; margin-bottom: 0.4em; font-weight: 600;
   color: var(--color-accent, #2563eb); }
 .long-prompt .show-less, .long-prompt[open] .prompt-preview, .long-prompt[open] .show-all { display: none; }
 .long-prompt[open] .show-less { display: inline-block; margin: 0 0 0.4em; font-weight: 600;
@@ -101,6 +101,7 @@ def render_prompt(text: str) -> str:
     if len(text) <= FOLD_PROMPT_CHARS and text.count("\n") < FOLD_PROMPT_LINES:
         return render_untrusted(text)
     preview = "\n".join(text[:PREVIEW_CHARS].splitlines()[:FOLD_PROMPT_LINES // 2]).rstrip()
-    return (f'<details class="long-prompt"><summary><div class="prompt-preview">{html.escape(preview)}…</div>'
-            f'<span class="show-all">Show all ({len(text):,} characters)</span><span class="show-less">Show less</span>'
+    # The toggle comes first: opening from the top leaves the box showing the prompt's start.
+    return (f'<details class="long-prompt"><summary><span class="show-all">Show all ({len(text):,} characters)</span>'
+            f'<span class="show-less">Show less</span><div class="prompt-preview">{html.escape(preview)}…</div>'
             f"</summary>{render_untrusted(text)}</details>")

@@ -73,10 +73,9 @@ def test_the_admin_tab_is_shown_to_admins_only_and_its_handlers_still_refuse_ann
 def test_a_very_long_prompt_is_folded_behind_show_all_and_stays_text():
     prompt = "<script>window.x = 1</script> Summarise: " + "word " * 20_000
     folded = render_prompt(prompt)
-    assert folded.startswith('<details class="long-prompt"><summary><div class="prompt-preview">'
+    assert folded.startswith('<details class="long-prompt"><summary><span class="show-all">Show all (100,041 '
+                             'characters)</span><span class="show-less">Show less</span><div class="prompt-preview">'
                              "&lt;script&gt;window.x = 1&lt;/script&gt; Summarise: word word")
-    assert '<span class="show-all">Show all (100,041 characters)</span><span class="show-less">Show less</span>' \
-           "</summary>" in folded
     assert "<script" not in folded and folded.endswith("</div></details>")
     assert render_prompt("Say hi.") == render_untrusted("Say hi.")
 
