@@ -81,6 +81,24 @@ def sampling_config(tokenizer, warping: Warping, max_new_tokens: int) -> Generat
     )
 
 
+def policy_generation_config(tokenizer, warping: Warping) -> GenerationConfig:
+    """The generation_config.json of a saved policy: the sampling PPO trained it under and nothing else.
+
+    Neither the base model's own settings (a shipped repetition penalty was never part of training) nor the training
+    run's lengths (max_new_tokens is the loop's budget, min_new_tokens a bench setting). top_k 0 is written out: left
+    unset, transformers would sample with its default top-k of 50.
+    """
+    return GenerationConfig(
+        do_sample=True,
+        temperature=warping.temperature,
+        top_k=warping.top_k,
+        top_p=warping.top_p,
+        eos_token_id=list(warping.eos_ids),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+
+
 def generate_responses(
     actor, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig, eos_ids: list[int]
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -13,6 +13,7 @@ from torch import nn
 
 from rlhf.models import context_length, load_causal_lm, load_tokenizer, prompt_budget, tell_once
 from rlhf.distributed import make_accelerator
+from rlhf.ppo.model_card import write_model_card
 from rlhf.ppo.trainer import PPOConfig, PPOTrainer
 from rlhf.reward.model import RewardModel
 
@@ -111,6 +112,19 @@ def build_ppo_trainer(
                       accelerator=accelerator)
 
 
+def summarise_ppo(history: list[dict]) -> dict:
+    """Means over a run's steps, under the same names (ppo/*, time/*; not the step counter)."""
+    if not history:
+        return {}
+    keys = [key for key in history[0] if key.startswith(("ppo/", "time/")) and key != "ppo/step"]
+    return {key: sum(step[key] for step in history) / len(history) for key in keys}
+
+
+def sampling_settings(config: PPOConfig) -> dict:
+    """The settings PPO sampled with, as the model card and the saved generation_config.json state them."""
+    return {"temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p}
+
+
 def train_ppo(
     actor_path: str | Path,
     reward_model_path: str | Path,
@@ -122,8 +136,13 @@ def train_ppo(
     on_step: Callable[[dict], None] | None = None,
     accelerator: Accelerator | None = None,
 ) -> PPOResult:
-    """A PPO run over `prompts` (see `build_ppo_trainer` for the models); saves the new actor to `out_dir`."""
+    """A PPO run over `prompts` (see `build_ppo_trainer` for the models); saves the new actor to `out_dir` with a
+    model card naming its base model (the reference), its reward model and the run's mean metrics (a round writes
+    its own card over it, with the round and the votes)."""
     trainer = build_ppo_trainer(actor_path, reward_model_path, config, reference_path, critic_path, accelerator)
     history = trainer.train(prompts, on_step=on_step)
     saved = trainer.save_actor(out_dir)
+    if trainer.accelerator.is_main_process:
+        write_model_card(saved, str(reference_path or actor_path), metrics=summarise_ppo(history),
+                         sampling=sampling_settings(trainer.config), reward_model=str(reward_model_path))
     return PPOResult(history=history, saved_path=saved, config=asdict(trainer.config))  # max_prompt_length as fitted

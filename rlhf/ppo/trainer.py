@@ -37,6 +37,7 @@ from rlhf.ppo.experience import (
     Experience,
     ValueHeadCall,
     generate_responses,
+    policy_generation_config,
     response_log_probs,
     response_values,
     sampling_config,
@@ -309,7 +310,8 @@ class PPOTrainer:
         return history
 
     def save_actor(self, out_dir: str | Path) -> Path:
-        """Save the actor as a plain model folder (adapters merged into a copy) with the tokenizer."""
+        """Save the actor as a plain model folder (adapters merged into a copy) with the tokenizer (its chat template
+        included) and a generation_config.json of PPO's sampling settings alone (`policy_generation_config`)."""
         out_dir = Path(out_dir)
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
@@ -317,7 +319,12 @@ class PPOTrainer:
             if hasattr(actor, "merge_and_unload"):
                 actor = _merged_copy(actor)
             out_dir.mkdir(parents=True, exist_ok=True)
-            actor.save_pretrained(out_dir, safe_serialization=True)
+            shipped = actor.generation_config
+            actor.generation_config = policy_generation_config(self.tokenizer, self.warping)
+            try:
+                actor.save_pretrained(out_dir, safe_serialization=True)
+            finally:
+                actor.generation_config = shipped
             self.tokenizer.save_pretrained(out_dir)
         self.accelerator.wait_for_everyone()
         return out_dir

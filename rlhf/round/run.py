@@ -181,14 +181,6 @@ def _publish(staging: Path, target: Path) -> Path:
     return target
 
 
-def _summarise_ppo(history: list[dict]) -> dict:
-    """Means over the PPO steps of the round, under the same names (ppo/*, time/*)."""
-    if not history:
-        return {}
-    keys = [key for key in history[0] if key.startswith(("ppo/", "time/")) and key != "ppo/step"]
-    return {key: sum(step[key] for step in history) / len(history) for key in keys}
-
-
 def _silent(message: str) -> None:
     """The log of the processes other than the main one."""
 
@@ -280,7 +272,8 @@ def _reward_stage(plan: RoundPlan, base_model: str, config: TrainingConfig, reco
 
 def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record, log: Log, store) -> int | None:
     """Steps 4-5: PPO from the last policy against the first, then save and record the new policy."""
-    from rlhf.ppo.train import train_ppo
+    from rlhf.ppo.model_card import write_model_card
+    from rlhf.ppo.train import sampling_settings, summarise_ppo, train_ppo
 
     record({"round/stage": "ppo"})
     ppo_config = ppo_settings(config, reward_path, plan.round_id)
@@ -300,10 +293,14 @@ def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record
                        reference_path=plan.reference_path, critic_path=reward_path, on_step=on_step)
     policy_id = None
     if is_main_process():
+        summary = summarise_ppo(result.history)
+        # the round's card over train_ppo's, before the rename: a published policy folder always has one
+        write_model_card(staging, plan.reference_path, round_number=plan.policy_round, n_pairs=len(plan.preferences),
+                         n_votes=store.count_votes_since(None), sampling=sampling_settings(ppo_config),
+                         metrics={**store.round(plan.round_id).metrics, **summary}, reward_model=reward_path)
         target = _publish(staging, Path(plan.out_dir) / "policy")
         policy_id = store.add_policy(plan.policy_round, str(target), parent_id=plan.actor_policy_id)
-        record({**_summarise_ppo(result.history), "round/policy_id": policy_id,
-                "round/policy_path": str(target)})
+        record({**summary, "round/policy_id": policy_id, "round/policy_path": str(target)})
         log(f"Round {plan.round_id}: saved policy {policy_id} (round {plan.policy_round}) to {target}.")
     return broadcast_from_main(policy_id)
 

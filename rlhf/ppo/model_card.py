@@ -1,0 +1,88 @@
+"""The model card (README.md) of a saved policy, so its folder can be published as it is (`huggingface-cli upload`).
+
+`model_card` is a pure function of what the caller knows: the base model, the round, the votes and the metrics
+(`python app.py --train-ppo` knows no round and no votes, only its reward model). The YAML header follows the Hub's
+model card metadata; `base_model` goes there only when it is a Hub id (a local folder would fail the Hub's check).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CARD_FILE = "README.md"
+METRIC_PREFIXES = ("rm/", "ppo/")
+"""Metrics the card lists: the reward model's (held-out accuracy...) and PPO's means over the run's steps."""
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _value(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.4g}"
+
+
+def _sampling_line(sampling: dict) -> str:
+    parts = [f"temperature {sampling.get('temperature', 1.0)}"]
+    top_k, top_p = sampling.get("top_k", 0), sampling.get("top_p", 1.0)
+    parts.append(f"top-k {top_k}" if top_k else "no top-k")
+    parts.append(f"top-p {top_p}" if top_p < 1.0 else "no top-p")
+    return ", ".join(parts)
+
+
+def model_card(
+    base_model: str,
+    round_number: int | None = None,
+    n_votes: int | None = None,
+    metrics: dict | None = None,
+    n_pairs: int | None = None,
+    sampling: dict | None = None,
+    reward_model: str | None = None,
+) -> str:
+    """README.md of a policy: Hub metadata, what it was trained from and on, its metrics, and how to load it.
+
+    `metrics`: any dict (a round's whole metrics will do); the numbers under METRIC_PREFIXES are listed.
+    `sampling`: temperature, top_k, top_p PPO sampled with (what generation_config.json holds).
+    """
+    header = ["---"]
+    if _HUB_ID.match(base_model):
+        header.append(f"base_model: {base_model}")
+    header += ["library_name: transformers", "pipeline_tag: text-generation", "tags:", "- rlhf", "- ppo",
+               "- rlhf-loop", "---", ""]
+    title = f"Policy of round {round_number}" if round_number is not None else "PPO policy"
+    lines = [f"# {title}", "",
+             "A chat model fine-tuned with PPO (DeepSpeed-Chat's step 3) against a reward model trained on people's "
+             "choices between two answers, by rlhf-loop.", "",
+             f"- **Base model:** `{base_model}`"]
+    if round_number is not None:
+        lines.append(f"- **Round:** {round_number} (each round trains a reward model on all votes so far, then this "
+                     "policy from the previous one)")
+    if n_pairs is not None or n_votes is not None:
+        learned = "preference pairs" if n_pairs is None else f"{n_pairs} preference pair{'s' * (n_pairs != 1)}"
+        if n_votes is not None:
+            learned += f", from {n_votes} votes (skips not counted; ties and both-bad votes are not trained on)"
+        lines.append(f"- **Learned from:** {learned}")
+    if reward_model is not None:
+        lines.append(f"- **Reward model:** `{reward_model}`")
+    if sampling:
+        lines.append(f"- **Sampled in training with:** {_sampling_line(sampling)}; generation_config.json holds "
+                     "these settings and nothing else (no repetition penalty of the base model)")
+    numbers = {key: value for key, value in (metrics or {}).items()
+               if key.startswith(METRIC_PREFIXES) and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    if numbers:
+        lines += ["", "## Metrics", "", "| metric | value |", "| --- | --- |"]
+        lines += [f"| `{key}` | {_value(value)} |" for key, value in sorted(numbers.items())]
+    lines += ["", "## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+              'tokenizer = AutoTokenizer.from_pretrained("PATH")',
+              'model = AutoModelForCausalLM.from_pretrained("PATH")',
+              'messages = [{"role": "user", "content": "Hello!"}]',
+              "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", "
+              "return_dict=True)",
+              "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=256)[0], skip_special_tokens=True))",
+              "```", ""]
+    return "\n".join(header + lines)
+
+
+def write_model_card(folder: str | Path, base_model: str, **details) -> Path:
+    """Write `model_card(base_model, **details)` as the folder's README.md; returns its path."""
+    path = Path(folder) / CARD_FILE
+    path.write_text(model_card(base_model, **details), encoding="utf-8")
+    return path
