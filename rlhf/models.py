@@ -244,7 +244,10 @@ def check_context(name_or_path: str | os.PathLike, max_new_tokens: dict[str, int
     prompt; `max_lengths` maps settings such as "[reward] max_length" (whole sequences) to theirs."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(resolve_model_path(name_or_path))
+    try:  # local folders and the hub cache only: a model not here yet is checked by its loader, not fetched twice
+        config = AutoConfig.from_pretrained(resolve_model_path(name_or_path), local_files_only=True)
+    except (OSError, ValueError):
+        return
     for setting, value in max_new_tokens.items():
         prompt_budget(config, value, setting)
     context = context_length(config)
