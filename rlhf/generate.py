@@ -30,14 +30,18 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
-from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, StoppingCriteria, StoppingCriteriaList
 
 from rlhf.generation_config import generate_with, neutral_generation_config
 from rlhf.models import fit_prompts, format_prompt, prompt_budget
 from rlhf.sampling import AnswerSampling
 
 ProgressCallback = Callable[[int, int], None]
-"""Called as progress(done, total) after each batch (answers generated so far, answers planned)."""
+"""Called as progress(done, total) each time an answer is finished (answers finished so far, answers planned)."""
+RowEndCallback = Callable[[int, torch.Tensor], None]
+"""Called as on_row_end(row, tokens) when row `row` of a batch writes its first EOS, with its (T,) tokens before it."""
+AnswerCallback = Callable[[int, int, "Answer"], None]
+"""Called as on_answer(prompt_index, sample_index, answer) as soon as that answer is finished."""
 
 
 @dataclass(frozen=True)
@@ -149,9 +153,37 @@ def _answer_config(sampling: AnswerSampling, eos_ids: list[int], pad_id: int) ->
                                      eos_token_id=eos_ids, pad_token_id=pad_id)
 
 
+class _RowEnds(StoppingCriteria):
+    """Stops nothing: after every decoding step, hands each row that has just written its first EOS to a callback, so
+    an answer is known the moment it ends rather than when the longest row of its batch does, and tells `on_step` the
+    step's number (1 after the first new token). Consumes no random numbers: the sampled tokens are the same with it
+    as without."""
+
+    def __init__(self, prompt_width: int, eos_ids: list[int], on_row_end: RowEndCallback | None,
+                 on_step: Callable[[int], None] | None = None):
+        self.prompt_width, self.on_row_end, self.on_step = prompt_width, on_row_end, on_step
+        self.eos_ids = torch.tensor(eos_ids)
+        self.ended: set[int] = set()
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        if self.on_row_end is not None:
+            newest = input_ids[:, -1]  # (B,)
+            for row in torch.isin(newest, self.eos_ids.to(newest.device)).nonzero().flatten().tolist():
+                if row not in self.ended:  # later tokens of an ended row are padding, which may be the EOS token
+                    self.ended.add(row)
+                    self.on_row_end(row, input_ids[row, self.prompt_width:-1])
+        if self.on_step is not None:
+            self.on_step(input_ids.shape[1] - self.prompt_width)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
 @torch.no_grad()
-def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], sampling: AnswerSampling) -> TokenBatch:
+def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], sampling: AnswerSampling,
+                    on_row_end: RowEndCallback | None = None,
+                    on_step: Callable[[int], None] | None = None) -> TokenBatch:
     """Generate one response per prompt in a single left-padded batch (no seeding here: see generate_answers).
+    `on_row_end(row, tokens)` is called during decoding as each row ends with EOS, `on_step(step)` after each step
+    (see `_RowEnds`).
 
     no_grad rather than inference_mode: PPO feeds these tensors to forward passes that build a graph, which
     inference tensors refuse. generate_answers, which only decodes, runs under inference_mode.
@@ -166,13 +198,22 @@ def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], samplin
         # Left padding puts every prompt in the first P columns, so ignoring P tokens ignores exactly the prompts.
         processors.append(RepetitionPenaltyLogitsProcessor(float(sampling.repetition_penalty),
                                                            prompt_ignore_length=prompt_ids.shape[1]))
+    stopping = StoppingCriteriaList()
+    if on_row_end is not None or on_step is not None:
+        stopping.append(_RowEnds(prompt_ids.shape[1], eos_ids, on_row_end, on_step))
     output = generate_with(  # nothing of the model's own generation_config.json: [sampling] alone
         model, _answer_config(sampling, eos_ids, pad_id), input_ids=prompt_ids, attention_mask=prompt_mask,
-        logits_processor=processors,
+        logits_processor=processors, stopping_criteria=stopping,
     )
     response_ids = output[:, prompt_ids.shape[1]:]  # (B, T), T <= max_new_tokens
     response_mask, ended = response_mask_until_eos(response_ids, eos_ids)  # (B, T), (B,)
     return TokenBatch(prompt_ids, prompt_mask, response_ids, response_mask, ended)
+
+
+def decode_answer(tokenizer, tokens: list[int], ended: bool) -> Answer:
+    """The Answer of one response's tokens before its EOS (all of them when it never ended)."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    return Answer(text=text, n_tokens=len(tokens), finish_reason="stop" if ended else "length")
 
 
 def decode_answers(tokenizer, batch: TokenBatch) -> list[Answer]:
@@ -181,9 +222,7 @@ def decode_answers(tokenizer, batch: TokenBatch) -> list[Answer]:
     for row in range(batch.response_ids.shape[0]):
         ended = bool(batch.ended[row])
         n_tokens = int(batch.response_mask[row].sum()) - int(ended)
-        tokens = batch.response_ids[row, :n_tokens].tolist()
-        text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        answers.append(Answer(text=text, n_tokens=n_tokens, finish_reason="stop" if ended else "length"))
+        answers.append(decode_answer(tokenizer, batch.response_ids[row, :n_tokens].tolist(), ended))
     return answers
 
 
@@ -196,11 +235,17 @@ def generate_answers(
     sampling: AnswerSampling | None = None,
     progress: ProgressCallback | None = None,
     show_bar: bool = False,
+    on_answer: AnswerCallback | None = None,
+    steps: ProgressCallback | None = None,
 ) -> GeneratedAnswers:
     """Sample `n_per_prompt` whole answers for every prompt, in batches of `sampling.batch_size` sequences.
 
     Sequences are grouped by prompt length so that batches carry little padding; the result keeps the prompts'
-    order. The model is switched to eval mode (no dropout) and back afterwards.
+    order. The model is switched to eval mode (no dropout) and back afterwards. Each answer is handed to
+    `on_answer(prompt_index, sample_index, answer)` and counted in `progress(done, total)` as soon as it is finished:
+    during decoding when it ends with EOS, at the end of its batch when it reaches max_new_tokens.
+    `steps(step, max_new_tokens)` follows each decoding step of the batch being generated (a batch ends at EOS in
+    every row or at max_new_tokens). The callbacks change nothing that is sampled.
     """
     sampling = sampling or AnswerSampling()
     if n_per_prompt < 1:
@@ -218,20 +263,38 @@ def generate_answers(
     model.eval()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     bar = tqdm(total=len(jobs), desc="generating answers", unit="answer", disable=not show_bar)
-    generated_tokens, started = 0, time.perf_counter()
+    generated_tokens, started, finished = 0, time.perf_counter(), 0
+
+    def finish(job: tuple[int, int], answer: Answer) -> None:
+        nonlocal finished
+        finished += 1
+        bar.update(1)
+        if on_answer is not None:
+            on_answer(job[0], job[1], answer)
+        if progress is not None:
+            progress(finished, len(jobs))
+
     try:
         with torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None):
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             for start in range(0, len(jobs), sampling.batch_size):
                 chunk = jobs[start:start + sampling.batch_size]
-                batch = generate_tokens(model, tokenizer, [encoded[i] for i, _ in chunk], sampling)
-                for (i, j), answer in zip(chunk, decode_answers(tokenizer, batch)):
+                early: set[int] = set()
+
+                def row_end(row: int, tokens: torch.Tensor, chunk=chunk, early=early) -> None:
+                    early.add(row)
+                    finish(chunk[row], decode_answer(tokenizer, tokens.tolist(), ended=True))
+
+                watch = on_answer is not None or progress is not None or show_bar
+                on_step = None if steps is None else (lambda step: steps(step, sampling.max_new_tokens))
+                batch = generate_tokens(model, tokenizer, [encoded[i] for i, _ in chunk], sampling,
+                                        on_row_end=row_end if watch else None, on_step=on_step)
+                for row, ((i, j), answer) in enumerate(zip(chunk, decode_answers(tokenizer, batch))):
                     results[i][j] = answer
+                    if row not in early:
+                        finish((i, j), answer)
                 generated_tokens += int(batch.response_mask.sum())
-                bar.update(len(chunk))
-                if progress is not None:
-                    progress(start + len(chunk), len(jobs))
     finally:
         bar.close()
         model.train(was_training)
