@@ -15,7 +15,8 @@ from typing import Callable
 from annotate.records import Policy, Prompt
 
 PairsProgress = Callable[[int, int], None]
-"""Called as progress(prompts_done, prompts_total) after each batch; each prompt gives at most one pair."""
+"""Called as progress(prompts_done, prompts_total) as each prompt's pair is stored or skipped (each prompt gives at
+most one pair); the same type counts answers, answers(answers_done, answers_planned), as each answer ends."""
 
 
 PairChooser = Callable[[list[str], list[list[str]], int, int], tuple[list[tuple[int, int, int]], int]]

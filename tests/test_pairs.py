@@ -9,7 +9,9 @@ from annotate.store import Store
 from rlhf.generate import Answer, AnswerSampling
 from rlhf.models import build_tiny_model
 
-SHORT = AnswerSampling(max_new_tokens=4, temperature=1.0, batch_size=8, seed=0)
+# The tiny model's random output matrix makes peaked draws: at temperature 1 two samples of a prompt are often the
+# same text (a skipped pair); at 3 they practically never are.
+SHORT = AnswerSampling(max_new_tokens=4, temperature=3.0, batch_size=8, seed=0)
 
 
 @pytest.fixture()
@@ -107,13 +109,13 @@ def test_empty_or_identical_answers_are_not_usable():
     assert (report.skipped_identical, report.skipped_empty) == (1, 2)
 
 
-def test_progress_is_reported_per_batch_of_prompts(store, tiny_model, tokenizer):
+def test_progress_is_reported_per_prompt_with_its_pair_already_stored(store, tiny_model, tokenizer):
     base = store.ensure_base_policy("tiny")
     calls = []
-    sampling = AnswerSampling(max_new_tokens=2, temperature=1.0, batch_size=4, seed=0)  # 2 prompts per batch
+    sampling = AnswerSampling(max_new_tokens=2, temperature=3.0, batch_size=4, seed=0)  # 2 prompts per batch
     make_pairs(store, tiny_model, tokenizer, n_pairs=5, policy_id=base.id, sampling=sampling,
                progress=lambda done, total: calls.append((done, total, store.count_pairs())))
-    assert calls == [(2, 5, 2), (4, 5, 4), (5, 5, 5)]  # pairs are in the store as each batch finishes
+    assert calls == [(done, 5, done) for done in range(1, 6)]  # each pair is in the store when its prompt counts
 
 
 def test_the_earlier_policy_is_the_parent_or_else_the_last_of_an_earlier_round(store):
@@ -141,6 +143,18 @@ def test_generate_pairs_command_uses_the_base_model_on_a_fresh_database(tmp_path
         assert (policy.round, policy.path) == (0, str(tiny_model_dir))
         assert store.count_pairs() == 2 and store.pairs_waiting() == 2
     assert "2 pairs written" in capsys.readouterr().out
+
+
+def test_the_pair_child_says_what_it_does_and_counts_every_answer(tmp_path, tiny_model_dir, capsys):
+    # --progress-lines: what the app's child prints for the app's status line (annotate.generation_job)
+    with Store(tmp_path / "loop.db") as store:
+        store.add_prompts(["Hi?", "Why?", "How?"])
+    assert app.main(generate_argv(tmp_path / "loop.db", tiny_model_dir, 3, "--progress-lines")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["pairs-stage loading the model", "pairs-stage generating"]
+    assert [line for line in lines if line.startswith("pairs-answers")] == [f"pairs-answers {n} 6" for n in range(1, 7)]
+    assert [line for line in lines if line.startswith("pairs-progress")] == [f"pairs-progress {n} 3" for n in (1, 2, 3)]
+    assert lines[-1].startswith("pairs-written ")  # identical answers (the tiny model draws few words) are skipped
 
 
 @pytest.mark.parametrize("n, extra, message", [
