@@ -16,17 +16,41 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 PROGRESS_PREFIX = "pairs-progress"
-"""A line `pairs-progress DONE TOTAL` of the generating child (commands.pairs, --progress-lines)."""
+"""A line `pairs-progress DONE TOTAL` of the generating child (commands.pairs, --progress-lines): prompts done."""
+ANSWERS_PREFIX = "pairs-answers"
+"""A line `pairs-answers DONE PLANNED`: answers finished so far (a pair takes two)."""
+STEP_PREFIX = "pairs-step"
+"""A line `pairs-step STEP MOST SECONDS_PER_STEP`: the batch being decoded is at token STEP of at most MOST, at that
+pace (printed about once a second)."""
+STAGE_PREFIX = "pairs-stage"
+"""A line `pairs-stage TEXT`: what the child does now ("loading the model", "generating")."""
 WRITTEN_PREFIX = "pairs-written"
 """Its last line, `pairs-written N`: the pairs it stored."""
+
+
+class JobReporter(Protocol):
+    """What a generator reports to: progress(done, total) counts pairs (prompts done); stage and answers say more."""
+
+    def __call__(self, done: int, total: int) -> None: ...
+
+    def stage(self, text: str) -> None:
+        """What the generator does now, for the pages ("loading the model", "generating")."""
+
+    def answers(self, done: int, planned: int) -> None:
+        """Answers finished so far: they move long before the first pair is complete."""
+
+    def steps(self, step: int, most: int, seconds_per_step: float) -> None:
+        """The batch being decoded is at token `step` of at most `most`: it ends, with its pairs, within
+        (most - step) * seconds_per_step."""
 
 
 class PairGenerator(Protocol):
     """What the app needs from a generator: tests pass a fake, `annotate.serve` wraps the real model."""
 
-    def generate(self, n_pairs: int, versus_share: float, progress: Callable[[int, int], None]) -> int:
-        """Write up to n_pairs new pairs to the store batch by batch, calling progress(done, total) as it goes (in
-        any unit, e.g. prompts answered); returns the number of pairs written."""
+    def generate(self, n_pairs: int, versus_share: float, progress: JobReporter) -> int:
+        """Write up to n_pairs new pairs to the store pair by pair, calling progress(done, total) as it goes (in
+        any unit, e.g. prompts answered) and, where it knows them, progress.stage(text) and
+        progress.answers(done, planned); returns the number of pairs written."""
         ...
 
 
@@ -40,13 +64,48 @@ class JobProgress:
     started_by: str
     error: str | None
     seconds: float
+    stage: str = ""
+    """What the generator said it does now ("" before it said anything)."""
+    answers_done: int = 0
+    answers_planned: int = 0
+    seconds_left: float | None = None
+    """Estimated from the rate of answers (else pairs) since generation began; None before the first one."""
+    step: tuple[int, int] | None = None
+    """(token, at most) of the batch being decoded, when the generator says."""
+    batch_ends_within: float | None = None
+    """Seconds until the batch being decoded ends at the latest (every answer stops at max_new_tokens)."""
+
+
+def duration_text(seconds: float) -> str:
+    """"40 s", "3 min": a duration as people read it."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+class _Reporter:
+    """The JobReporter a GenerationJob hands its generator."""
+
+    def __init__(self, job: GenerationJob):
+        self.job = job
+
+    def __call__(self, done: int, total: int) -> None:
+        self.job._progress(done, total)
+
+    def stage(self, text: str) -> None:
+        self.job._stage_changed(text)
+
+    def answers(self, done: int, planned: int) -> None:
+        self.job._answers_changed(done, planned)
+
+    def steps(self, step: int, most: int, seconds_per_step: float) -> None:
+        self.job._step_changed(step, most, seconds_per_step)
 
 
 class GenerationJob:
     """Runs one generation batch at a time in a daemon thread and keeps its progress."""
 
-    def __init__(self, generator: PairGenerator):
+    def __init__(self, generator: PairGenerator, clock: Callable[[], float] = time.monotonic):
         self.generator = generator
+        self.clock = clock
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._done = 0
@@ -55,6 +114,10 @@ class GenerationJob:
         self._error: str | None = None
         self._started_at = 0.0
         self._finished_at: float | None = None
+        self._stage = ""
+        self._answers = (0, 0)
+        self._generating_since: float | None = None
+        self._step: tuple[int, int, float, float] | None = None  # step, most, seconds per step, when said
 
     def start(self, n_pairs: int, versus_share: float, started_by: str) -> tuple[bool, str]:
         """Start generating; (started, message for the page)."""
@@ -66,7 +129,8 @@ class GenerationJob:
             if self._thread is not None and self._thread.is_alive():
                 return False, f"Pairs are already being generated ({self._done}/{self._total}, by {self._started_by})."
             self._done, self._total, self._started_by, self._error = 0, n_pairs, started_by, None
-            self._started_at, self._finished_at = time.monotonic(), None
+            self._started_at, self._finished_at = self.clock(), None
+            self._stage, self._answers, self._generating_since, self._step = "starting", (0, 0), None, None
             self._thread = threading.Thread(
                 target=self._run, args=(n_pairs, versus_share), name="generate-pairs", daemon=True
             )
@@ -76,10 +140,34 @@ class GenerationJob:
     def _progress(self, done: int, total: int) -> None:
         with self._lock:
             self._done, self._total = int(done), int(total)
+            self._generating()
+
+    def _answers_changed(self, done: int, planned: int) -> None:
+        with self._lock:
+            self._answers = (int(done), int(planned))
+            self._generating()
+
+    def _step_changed(self, step: int, most: int, seconds_per_step: float) -> None:
+        with self._lock:
+            self._step = (int(step), int(most), float(seconds_per_step), self.clock())
+            self._generating()
+
+    def _stage_changed(self, text: str) -> None:
+        with self._lock:
+            self._stage = text.strip()
+            if self._stage.startswith("generating"):
+                self._generating()
+
+    def _generating(self) -> None:
+        """(under the lock) Answers are being written: the estimate's clock starts now, or at the start for a generator
+        that said nothing before its first count."""
+        if self._generating_since is None:
+            self._generating_since = self.clock() if self._stage != "starting" else self._started_at
+            self._stage = "generating"
 
     def _run(self, n_pairs: int, versus_share: float) -> None:
         try:
-            done = self.generator.generate(n_pairs, versus_share, self._progress)
+            done = self.generator.generate(n_pairs, versus_share, _Reporter(self))
             with self._lock:
                 self._done = int(done)
         except Exception as error:  # the thread has no caller to raise to: the page shows the error instead
@@ -88,7 +176,7 @@ class GenerationJob:
                 self._error = f"{type(error).__name__}: {error}"
         finally:
             with self._lock:
-                self._finished_at = time.monotonic()
+                self._finished_at = self.clock()
 
     def running(self) -> bool:
         with self._lock:
@@ -96,10 +184,23 @@ class GenerationJob:
 
     def progress(self) -> JobProgress:
         with self._lock:
-            end = self._finished_at if self._finished_at is not None else time.monotonic()
+            now = self.clock()
+            end = self._finished_at if self._finished_at is not None else now
             running = self._thread is not None and self._thread.is_alive()
+            step = ends = None
+            if running and self._step is not None:
+                token, most, seconds_per_step, said = self._step
+                step, ends = (token, most), max(0.0, (most - token) * seconds_per_step - (now - said))
             return JobProgress(running, self._done, self._total, self._started_by, self._error,
-                               end - self._started_at if self._thread else 0.0)
+                               end - self._started_at if self._thread else 0.0, self._stage, *self._answers,
+                               self._seconds_left(now) if running else None, step, ends)
+
+    def _seconds_left(self, now: float) -> float | None:
+        """(under the lock) Time left at the rate of answers (else pairs) since generation began."""
+        done, planned = self._answers if self._answers[1] else (self._done, self._total)
+        if self._generating_since is None or done <= 0 or planned <= 0:
+            return None
+        return max(0.0, (now - self._generating_since) / done * (planned - done))
 
     def wait(self, timeout: float | None = None) -> None:
         with self._lock:
@@ -113,16 +214,31 @@ class GenerationJob:
         if job.total == 0 and not job.running:
             return ""
         if job.running:
-            return f"Generating pairs: {job.done}/{job.total} done ({job.seconds:.0f} s, started by {job.started_by})."
+            return f"{self._running_text(job)} (started by {job.started_by})."
         if job.error:
             return f"Generating pairs failed after {job.done}/{job.total}: {job.error}"
         return f"Generated {job.done} pairs in {job.seconds:.0f} s."
+
+    @staticmethod
+    def _running_text(job: JobProgress) -> str:
+        if job.stage != "generating":  # starting the process, loading or converting the model
+            return f"Preparing {job.total} pairs: {job.stage or 'starting'}, {duration_text(job.seconds)} so far"
+        answers = f", {job.answers_done}/{job.answers_planned} answers" if job.answers_planned else ""
+        if job.done == 0 and job.step is not None and job.batch_ends_within is not None:
+            # Before the first pair the rate of answers says little; the batch's pace bounds the wait instead.
+            return (f"Generating pairs: 0/{job.total} ready{answers}, writing the first answers (token {job.step[0]} "
+                    f"of at most {job.step[1]}): the first pairs within {duration_text(job.batch_ends_within)}")
+        if job.seconds_left is None:
+            return (f"Generating pairs: {job.done}/{job.total} ready{answers}, writing the first answers, "
+                    f"{duration_text(job.seconds)} so far")
+        return f"Generating pairs: {job.done}/{job.total} ready{answers}, about {duration_text(job.seconds_left)} left"
 
 
 class ChildProcessPairGenerator:
     """Makes pairs in a child process (`python app.py --generate-pairs N --progress-lines ...`), so the web server never
     loads a model: a crash or a memory spike in generation cannot take the annotators' server down, and votes are
-    answered without waiting for a decoding step. Progress comes from the child's `pairs-progress DONE TOTAL` lines."""
+    answered without waiting for a decoding step. Progress comes from the child's `pairs-progress DONE TOTAL`,
+    `pairs-answers DONE PLANNED`, `pairs-step STEP MOST SECONDS_PER_STEP` and `pairs-stage TEXT` lines."""
 
     def __init__(self, command: Callable[[int, float], list[str]], cwd: str | None = None, log_lines: int = 200):
         self.command = command
@@ -131,16 +247,26 @@ class ChildProcessPairGenerator:
         self.log: deque[str] = deque(maxlen=log_lines)
         """The child's last lines of output (its error, when it fails)."""
 
-    def generate(self, n_pairs: int, versus_share: float, progress: Callable[[int, int], None]) -> int:
+    def generate(self, n_pairs: int, versus_share: float, progress: JobReporter) -> int:
         argv = self.command(n_pairs, versus_share)
         process = subprocess.Popen(argv, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         written = 0
+        stage, answers, steps = (getattr(progress, name, None) for name in ("stage", "answers", "steps"))
         for raw in process.stdout:
             line = raw.rstrip("\n")
             words = line.split()
             if len(words) == 3 and words[0] == PROGRESS_PREFIX:
                 progress(int(words[1]), int(words[2]))
+            elif len(words) == 3 and words[0] == ANSWERS_PREFIX:
+                if answers is not None:
+                    answers(int(words[1]), int(words[2]))
+            elif len(words) == 4 and words[0] == STEP_PREFIX:
+                if steps is not None:
+                    steps(int(words[1]), int(words[2]), float(words[3]))
+            elif len(words) > 1 and words[0] == STAGE_PREFIX:
+                if stage is not None:
+                    stage(line.split(None, 1)[1])
             elif len(words) == 2 and words[0] == WRITTEN_PREFIX:
                 written = int(words[1])
             elif line.strip():

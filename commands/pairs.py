@@ -5,8 +5,9 @@ never loads a model."""
 from __future__ import annotations
 
 import sys
+import time
 
-from annotate.generation_job import PROGRESS_PREFIX, WRITTEN_PREFIX
+from annotate.generation_job import ANSWERS_PREFIX, PROGRESS_PREFIX, STAGE_PREFIX, STEP_PREFIX, WRITTEN_PREFIX
 from commands.config import LoopConfig
 
 
@@ -19,12 +20,40 @@ def print_progress(done: int, total: int) -> None:
     print(f"{PROGRESS_PREFIX} {int(done)} {int(total)}", flush=True)
 
 
+def print_answers(done: int, planned: int) -> None:
+    print(f"{ANSWERS_PREFIX} {int(done)} {int(planned)}", flush=True)
+
+
+def print_stage(text: str) -> None:
+    print(f"{STAGE_PREFIX} {text}", flush=True)
+
+
+class StepPrinter:
+    """Prints `pairs-step STEP MOST SECONDS_PER_STEP` about once a second: where the batch being decoded is, and its
+    pace, from which the app bounds the wait for the first pair before any answer has ended."""
+
+    def __init__(self, every_s: float = 1.0, clock=time.monotonic):
+        self.every_s, self.clock = every_s, clock
+        self.batch_began = self.last_printed = None
+        self.first_step = 1
+
+    def __call__(self, step: int, most: int) -> None:
+        now = self.clock()
+        if step == 1 or self.batch_began is None:  # a new batch
+            self.batch_began, self.first_step = now, step
+            return
+        if self.last_printed is None or now - self.last_printed >= self.every_s:
+            self.last_printed = now
+            seconds_per_step = (now - self.batch_began) / max(step - self.first_step, 1)
+            print(f"{STEP_PREFIX} {step} {most} {seconds_per_step:.4f}", flush=True)
+
+
 def generate_pairs(args, config: LoopConfig) -> int:
     """N pairs from the current policy (the base model, then recorded as round 0, when the store has no policy yet);
     sample pairs chosen by the last round's reward model once there is one."""
-    from annotate.policy_pairs import load_pair_judge, pair_judge_path, queue_pairs
+    from annotate.policy_pairs import load_pair_judge, load_policy_model, pair_judge_path, queue_pairs
     from annotate.store import Store
-    from rlhf.models import ModelNotFoundError
+    from rlhf.models import ModelNotFoundError, needs_conversion
 
     try:
         n_pairs = int(args.generate_pairs)
@@ -49,10 +78,17 @@ def generate_pairs(args, config: LoopConfig) -> int:
         if judge is not None:
             print(f"Sample pairs: the {votes.oversample} answers a prompt that the reward model at {judge_path} is "
                   f"least sure about ({votes.random_share:.0%} at random).", file=sys.stderr)
+        lines = args.progress_lines
+        stage = print_stage if lines else (lambda text: print(f"{text[0].upper()}{text[1:]}...", file=sys.stderr))
+        stage("converting the default model from GGUF, once (about 30 s)" if needs_conversion(policy.path)
+              else "loading the model")
         try:
-            report = queue_pairs(store, policy.path, None, n_pairs, policy.id, votes, judge=judge,
-                                 versus_share=versus_share, sampling=sampling, show_bar=not args.progress_lines,
-                                 progress=print_progress if args.progress_lines else None)
+            model, tokenizer = load_policy_model(policy.path)
+            stage("generating")
+            report = queue_pairs(store, model, tokenizer, n_pairs, policy.id, votes, judge=judge,
+                                 versus_share=versus_share, sampling=sampling, show_bar=not lines,
+                                 progress=print_progress if lines else None, answers=print_answers if lines else None,
+                                 steps=StepPrinter() if lines else None)
         except ModelNotFoundError as error:
             return _fail(str(error))
         stats = report.stats

@@ -104,6 +104,39 @@ def test_pairs_from_a_child_process_report_progress_and_the_pairs_written(tmp_pa
     assert seen == [(2, 4), (4, 4)] and list(generator.log) == ["loading the model"]
 
 
+def test_the_apps_status_shows_what_the_pair_child_says_it_does(tmp_path):
+    # The child's `pairs-stage`, `pairs-step` and `pairs-answers` lines reach the status line of the pages.
+    import time
+
+    from annotate.generation_job import GenerationJob
+
+    child, go_on = tmp_path / "child.py", tmp_path / "go-on"
+    child.write_text("import os, sys, time\n"
+                     "def wait(name):\n"
+                     "    while not os.path.exists(sys.argv[1] + name):\n        time.sleep(0.02)\n"
+                     "print('pairs-stage loading the model', flush=True)\nwait('1')\n"
+                     "print('pairs-stage generating', flush=True)\nprint('pairs-step 100 512 0.1', flush=True)\n"
+                     "wait('2')\nprint('pairs-answers 3 8', flush=True)\n"
+                     "print('pairs-progress 1 4', flush=True)\nwait('3')\nprint('pairs-written 1')\n")
+    job = GenerationJob(ChildProcessPairGenerator(lambda n, share: [sys.executable, str(child), str(go_on)]))
+
+    def status_when(part: str) -> str:
+        deadline = time.monotonic() + 30
+        while part not in job.status_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return job.status_text()
+
+    job.start(4, 0.0, started_by="first start")
+    assert status_when("loading the model").startswith("Preparing 4 pairs: loading the model")
+    (tmp_path / "go-on1").touch()
+    assert "writing the first answers (token 100 of at most 512): the first pairs within " in status_when("token")
+    (tmp_path / "go-on2").touch()
+    assert status_when("3/8 answers").startswith("Generating pairs: 1/4 ready, 3/8 answers, about ")
+    (tmp_path / "go-on3").touch()
+    job.wait(30)
+    assert job.status_text().startswith("Generated 1 pairs in ")
+
+
 def test_a_failing_pair_child_raises_with_its_last_words(tmp_path):
     child = tmp_path / "child.py"
     child.write_text("import sys\nprint('app.py --generate-pairs: no such model: nope', file=sys.stderr)\nsys.exit(2)\n")
