@@ -324,6 +324,40 @@ def test_first_start_generates_a_batch_in_the_background():
         assert generator.calls == [(2, 0.0)] and store.count_pairs() == 2
 
 
+def test_first_start_waiting_page_says_what_the_pair_maker_does_then_shows_the_first_pair():
+    import threading
+
+    with Store(":memory:") as store:
+        store.add_prompts(["a", "b"])
+        loaded = threading.Event()
+
+        class LoadingGenerator(FakeGenerator):
+            def generate(self, n_pairs, versus_share, progress):
+                progress.stage("loading the model")
+                loaded.wait(10)
+                return super().generate(n_pairs, versus_share, progress)
+
+        job = GenerationJob(LoadingGenerator(store))
+        job.start(2, 0.0, started_by="first start")
+        handlers = AnnotateHandlers(store, AppConfig(), job, idle_runner(store))
+        session, _, _ = handlers.sign_in("alice", Session())
+
+        def look(until, seconds=10):
+            deadline = time.monotonic() + seconds
+            while True:
+                state, view = handlers.look_for_pair(session)
+                if until(view) or time.monotonic() > deadline:
+                    return state, view
+                time.sleep(0.01)
+
+        _, view = look(lambda view: "loading the model" in view.status)
+        assert view.pair_id is None and "Preparing 2 pairs: loading the model" in view.status
+        loaded.set()
+        _, view = look(lambda view: view.pair_id is not None)
+        assert view.pair_id is not None
+        job.wait(10)
+
+
 def test_untrusted_text_renders_markdown_but_html_stays_text():
     html = render_untrusted("**bold** <script>alert(1)</script> <img src=x onerror=alert(2)> "
                             "[x](javascript:alert(3)) ![pic](http://example.com/p.png)\n\n```\nif a < b: pass\n```")
