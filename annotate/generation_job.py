@@ -28,14 +28,6 @@ WRITTEN_PREFIX = "pairs-written"
 """Its last line, `pairs-written N`: the pairs it stored."""
 
 
-def child_threads(cores: int | None = None) -> int:
-    """CPU threads for the pair maker beside the web server: every core but one, and at least one. A decoding step of
-    the default model is hundreds of small parallel sections, each waiting for its slowest thread; with a thread on
-    every core, any other work (the server answering a vote, another program) stalls them all. On 2 cores beside one
-    busy process: 0.5 decoding steps/s with 2 threads, 14 with 1 (batches of 4; 18 with 2 on an idle machine)."""
-    return max(1, (cores if cores is not None else os.cpu_count() or 1) - 1)
-
-
 class JobReporter(Protocol):
     """What a generator reports to: progress(done, total) counts pairs (prompts done); stage and answers say more."""
 
@@ -255,17 +247,10 @@ class ChildProcessPairGenerator:
         self.log: deque[str] = deque(maxlen=log_lines)
         """The child's last lines of output (its error, when it fails)."""
 
-    @staticmethod
-    def child_env() -> dict[str, str]:
-        """The child's environment: unbuffered output, and `child_threads()` CPU threads unless OMP_NUM_THREADS says."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.setdefault("OMP_NUM_THREADS", str(child_threads()))
-        return env
-
     def generate(self, n_pairs: int, versus_share: float, progress: JobReporter) -> int:
         argv = self.command(n_pairs, versus_share)
         process = subprocess.Popen(argv, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   bufsize=1, env=self.child_env())
+                                   bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         written = 0
         stage, answers, steps = (getattr(progress, name, None) for name in ("stage", "answers", "steps"))
         for raw in process.stdout:

@@ -48,6 +48,24 @@ class StepPrinter:
             print(f"{STEP_PREFIX} {step} {most} {seconds_per_step:.4f}", flush=True)
 
 
+def _decoding_watchers(model, printer: StepPrinter | None):
+    """What follows each decoding step: the step printer, and on a CPU a ThreadGovernor (rlhf.cpu_threads), which leaves
+    a core to other busy programs (the app's web server among them) and takes it back when they are quiet."""
+    from rlhf.cpu_threads import ThreadGovernor
+
+    watchers = [printer] if printer is not None else []
+    if next(model.parameters()).device.type == "cpu":
+        watchers.append(ThreadGovernor())
+    if not watchers:
+        return None
+
+    def after_step(step: int, most: int) -> None:
+        for watcher in watchers:
+            watcher(step, most)
+
+    return after_step
+
+
 def generate_pairs(args, config: LoopConfig) -> int:
     """N pairs from the current policy (the base model, then recorded as round 0, when the store has no policy yet);
     sample pairs chosen by the last round's reward model once there is one."""
@@ -84,11 +102,12 @@ def generate_pairs(args, config: LoopConfig) -> int:
               else "loading the model")
         try:
             model, tokenizer = load_policy_model(policy.path)
+            steps = _decoding_watchers(model, StepPrinter() if lines else None)
             stage("generating")
             report = queue_pairs(store, model, tokenizer, n_pairs, policy.id, votes, judge=judge,
                                  versus_share=versus_share, sampling=sampling, show_bar=not lines,
                                  progress=print_progress if lines else None, answers=print_answers if lines else None,
-                                 steps=StepPrinter() if lines else None)
+                                 steps=steps)
         except ModelNotFoundError as error:
             return _fail(str(error))
         stats = report.stats

@@ -234,3 +234,41 @@ def test_a_generator_that_only_counts_pairs_gets_an_estimate_from_pairs():
 @pytest.mark.parametrize("seconds, text", [(0, "0 s"), (42.4, "42 s"), (89, "89 s"), (90, "2 min"), (600, "10 min")])
 def test_durations_read_as_people_say_them(seconds, text):
     assert duration_text(seconds) == text
+
+
+def test_decoding_leaves_a_core_to_busy_neighbours_and_takes_it_back_when_they_are_quiet():
+    from rlhf.cpu_threads import ThreadGovernor
+
+    now, busy_own, threads = [0.0], [100.0, 10.0], []
+    governor = ThreadGovernor(most=2, sample=lambda: tuple(busy_own), set_threads=threads.append,
+                              clock=lambda: now[0])
+
+    def one_second(others: float, own: float) -> list[int]:
+        """A second in which the other processes kept `others` cores busy and this one `own`; then a step ends."""
+        now[0] += 1.0
+        busy_own[0] += others + own
+        busy_own[1] += own
+        governor(7, 512)
+        return threads
+
+    assert one_second(others=0.05, own=2.0) == []  # alone: every core, as torch started
+    assert one_second(others=0.9, own=1.1) == [1]  # a busy neighbour: it gets a core
+    assert one_second(others=0.6, own=1.0) == [1]
+    assert one_second(others=0.1, own=1.0) == [1, 2]  # quiet again: the core comes back
+    now[0] += 0.5  # between looks nothing is read or changed
+    busy_own[0] += 5.0
+    governor(8, 512)
+    assert threads == [1, 2]
+
+
+def test_where_nothing_tells_what_others_use_decoding_leaves_them_a_core():
+    from rlhf.cpu_threads import ThreadGovernor, _busy_and_own_seconds
+
+    threads = []
+    ThreadGovernor(most=2, sample=lambda: None, set_threads=threads.append)
+    ThreadGovernor(most=1, sample=lambda: None, set_threads=threads.append)  # one thread is the least
+    assert threads == [1]
+    measured = _busy_and_own_seconds()
+    if measured is not None:  # Linux
+        busy, own = measured
+        assert busy >= own > 0

@@ -137,21 +137,6 @@ def test_the_apps_status_shows_what_the_pair_child_says_it_does(tmp_path):
     assert job.status_text().startswith("Generated 1 pairs in ")
 
 
-def test_the_pair_child_leaves_a_core_to_the_server_unless_omp_num_threads_says(tmp_path, monkeypatch):
-    from annotate.generation_job import child_threads
-
-    assert [child_threads(cores) for cores in (1, 2, 8)] == [1, 1, 7]
-    child = tmp_path / "child.py"
-    child.write_text("import os\nprint('threads', os.environ['OMP_NUM_THREADS'])\nprint('pairs-written 0')\n")
-    generator = ChildProcessPairGenerator(lambda n, share: [sys.executable, str(child)])
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    generator.generate(1, 0.0, lambda done, total: None)
-    assert list(generator.log)[-1] == f"threads {child_threads()}"
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    generator.generate(1, 0.0, lambda done, total: None)
-    assert list(generator.log)[-1] == "threads 3"
-
-
 def test_a_failing_pair_child_raises_with_its_last_words(tmp_path):
     child = tmp_path / "child.py"
     child.write_text("import sys\nprint('app.py --generate-pairs: no such model: nope', file=sys.stderr)\nsys.exit(2)\n")
