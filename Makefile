@@ -25,7 +25,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-run: $(STAMP)
+# The default model ships as GGUF and is converted once into data/models/ (about 30 s on 2 cores): done here, before
+# the app starts, so that a first start's pairs do not wait for it (rlhf.models.resolve_model_path).
+DEFAULT_MODEL := data/models/SmolLM2-135M-Instruct/config.json
+
+$(DEFAULT_MODEL): | $(STAMP)
+	$(PY) -c "from rlhf.models import resolve_model_path; resolve_model_path('default')"
+
+run: $(STAMP) $(DEFAULT_MODEL)
 	$(PY) app.py --host $(HOST) --port $(PORT) $(ARGS)
 
 test: $(STAMP)
