@@ -118,6 +118,7 @@ class GenerationJob:
         self._answers = (0, 0)
         self._generating_since: float | None = None
         self._step: tuple[int, int, float, float] | None = None  # step, most, seconds per step, when said
+        self._estimate: tuple[float, float] | None = None  # seconds left at the last count, when counted
 
     def start(self, n_pairs: int, versus_share: float, started_by: str) -> tuple[bool, str]:
         """Start generating; (started, message for the page)."""
@@ -131,6 +132,7 @@ class GenerationJob:
             self._done, self._total, self._started_by, self._error = 0, n_pairs, started_by, None
             self._started_at, self._finished_at = self.clock(), None
             self._stage, self._answers, self._generating_since, self._step = "starting", (0, 0), None, None
+            self._estimate = None
             self._thread = threading.Thread(
                 target=self._run, args=(n_pairs, versus_share), name="generate-pairs", daemon=True
             )
@@ -141,11 +143,13 @@ class GenerationJob:
         with self._lock:
             self._done, self._total = int(done), int(total)
             self._generating()
+            self._counted()
 
     def _answers_changed(self, done: int, planned: int) -> None:
         with self._lock:
             self._answers = (int(done), int(planned))
             self._generating()
+            self._counted()
 
     def _step_changed(self, step: int, most: int, seconds_per_step: float) -> None:
         with self._lock:
@@ -195,12 +199,27 @@ class GenerationJob:
                                end - self._started_at if self._thread else 0.0, self._stage, *self._answers,
                                self._seconds_left(now) if running else None, step, ends)
 
-    def _seconds_left(self, now: float) -> float | None:
+    def _rate_estimate(self, now: float) -> float | None:
         """(under the lock) Time left at the rate of answers (else pairs) since generation began."""
         done, planned = self._answers if self._answers[1] else (self._done, self._total)
         if self._generating_since is None or done <= 0 or planned <= 0:
             return None
         return max(0.0, (now - self._generating_since) / done * (planned - done))
+
+    def _counted(self) -> None:
+        """(under the lock) A new count: the estimate is taken now and counts down until the next one."""
+        now = self.clock()
+        estimate = self._rate_estimate(now)
+        self._estimate = None if estimate is None else (estimate, now)
+
+    def _seconds_left(self, now: float) -> float | None:
+        """(under the lock) The estimate of the last count, counted down; once that has run out with work left, the
+        rate estimate as of now (which grows while nothing new ends)."""
+        if self._estimate is None:
+            return None
+        estimate, at = self._estimate
+        left = estimate - (now - at)
+        return left if left > 0 or estimate == 0 else self._rate_estimate(now)
 
     def wait(self, timeout: float | None = None) -> None:
         with self._lock:
@@ -231,6 +250,8 @@ class GenerationJob:
         if job.seconds_left is None:
             return (f"Generating pairs: {job.done}/{job.total} ready{answers}, writing the first answers, "
                     f"{duration_text(job.seconds)} so far")
+        if job.seconds_left == 0:
+            return f"Generating pairs: {job.done}/{job.total} ready{answers}, finishing"
         return f"Generating pairs: {job.done}/{job.total} ready{answers}, about {duration_text(job.seconds_left)} left"
 
 

@@ -164,6 +164,8 @@ def test_the_status_says_what_the_pair_maker_does_and_how_long_is_left():
         lambda reporter: now.__setitem__(0, 110.0),
         lambda reporter: (reporter.answers(3, 8), reporter(1, 4)),
         lambda reporter: now.__setitem__(0, 113.0),
+        lambda reporter: now.__setitem__(0, 122.0),  # 9 s without news: 18 s for 3 answers, 30 for the 5 left
+        lambda reporter: (reporter.answers(8, 8), reporter(4, 4)),
     ]
     job = GenerationJob(generator, clock=lambda: now[0])
     job.start(4, 0.0, started_by="first start")
@@ -175,9 +177,11 @@ def test_the_status_says_what_the_pair_maker_does_and_how_long_is_left():
     assert "writing the first answers, 10 s so far" in generator.step(job)
     # 3 answers in the 6 s since generating began: 5 more take about 10 s
     assert generator.step(job) == "Generating pairs: 1/4 ready, 3/8 answers, about 10 s left (started by first start)."
-    assert "about 15 s left" in generator.step(job)  # 9 s for 3 answers
+    assert "about 7 s left" in generator.step(job)  # the estimate counts down
+    assert "about 30 s left" in generator.step(job)  # ran out: the rate as of now
+    assert generator.step(job) == "Generating pairs: 4/4 ready, 8/8 answers, finishing (started by first start)."
     generator.finish(job)
-    assert job.status_text() == "Generated 4 pairs in 13 s."
+    assert job.status_text() == "Generated 4 pairs in 22 s."
     assert job.progress().seconds_left is None
 
 
@@ -227,7 +231,7 @@ def test_a_generator_that_only_counts_pairs_gets_an_estimate_from_pairs():
     # a generator that never said it was generating: the rate counts from the start, 2 pairs in 20 s
     assert generator.step(job) == "Generating pairs: 2/10 ready, about 80 s left (started by alice)."
     now[0] = 30.0
-    assert job.progress().seconds_left == pytest.approx(120.0)
+    assert job.progress().seconds_left == pytest.approx(70.0)  # counted down from 80
     generator.finish(job)
 
 
