@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                     all_s = now
                 maker_seen = maker_seen or maker
                 done = pairs_at_watch is not None and first_s is not None and (all_s is not None or not args.all)
-                if done or now > args.timeout_s or process.poll() is not None:
+                maker_done = all_s is not None and pairs_at_watch is not None  # no more pairs are coming
+                if done or maker_done or now > args.timeout_s or process.poll() is not None:
                     break
                 time.sleep(0.25)
         finally:

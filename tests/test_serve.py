@@ -155,6 +155,20 @@ def test_python_app_py_serves_the_vote_api_that_the_load_bench_drives(capsys):
     assert (summary["votes"], summary["lost"], summary["duplicated"], summary["errors"]) == (4, 0, 0, 0)
 
 
+def test_the_first_pair_bench_times_a_first_start_of_the_real_app(tiny_model_dir, capsys):
+    # bench/first_pair.py on the tiny model: the real `python app.py`, a fresh database, a first batch of 2 pairs.
+    from bench.first_pair import main as first_pair_bench
+
+    assert first_pair_bench(["--watch-s", "0", "--all", "--timeout-s", "120", "--", "--model", str(tiny_model_dir),
+                             "--first-batch", "4", "--set", "sampling.max_new_tokens=8",
+                             "--set", "sampling.temperature=3.0"]) == 0  # flat draws: no two answers alike
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert 0 < summary["seconds_to_page"] <= summary["seconds_to_first_pair"] <= summary["seconds_to_all_pairs"]
+    assert summary["pairs_at_end"] >= 1 and summary["pairs_after_0_s"] is not None
+    assert captured.err.startswith("CPU: ")
+
+
 @pytest.mark.slow
 def test_the_server_process_loads_no_torch_while_its_child_makes_the_first_pairs(tmp_path, tiny_model_dir):
     # The real `python app.py` on a fresh database: the first batch is made by a child process on the tiny model, and
