@@ -244,6 +244,8 @@ def check_context(name_or_path: str | os.PathLike, max_new_tokens: dict[str, int
     prompt; `max_lengths` maps settings such as "[reward] max_length" (whole sequences) to theirs."""
     from transformers import AutoConfig
 
+    if needs_conversion(name_or_path):  # the shipped model before its first use: not converted for a check alone
+        return
     try:  # local folders and the hub cache only: a model not here yet is checked by its loader, not fetched twice
         config = AutoConfig.from_pretrained(resolve_model_path(name_or_path), local_files_only=True)
     except (OSError, ValueError):

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import app
 import commands.data
@@ -125,6 +126,14 @@ def route_sft(monkeypatch, ws, got):
     return ["--sft", ws.sft, "--out", ws.out]
 
 
+class LoadedPolicy(torch.nn.Linear):
+    """Stands in for a policy's loaded model (on the CPU, as the real one here) and says which path it came from."""
+
+    def __init__(self, path: str):
+        super().__init__(1, 1)
+        self.path = path
+
+
 def record_pair_making(monkeypatch, got):
     """annotate.policy_pairs' entry points as recorders: the last round's pair judge, its loading, queue_pairs."""
     import annotate.policy_pairs
@@ -133,12 +142,13 @@ def record_pair_making(monkeypatch, got):
         got.update(judge_path=path, judge_votes=votes)  # and no judge: the pairs are drawn at random
 
     def queue_pairs(store, model, tokenizer, n_pairs, policy_id, votes, judge=None, **kwargs):
-        got.update(model=model, n_pairs=n_pairs, votes=votes, sampling=kwargs.get("sampling"))
+        got.update(model=getattr(model, "path", model), n_pairs=n_pairs, votes=votes, sampling=kwargs.get("sampling"))
         return PairsReport(policy_id=policy_id)
 
     monkeypatch.setattr(annotate.policy_pairs, "pair_judge_path", lambda store: "last-round-rm")
     monkeypatch.setattr(annotate.policy_pairs, "load_pair_judge", load_pair_judge)
     monkeypatch.setattr(annotate.policy_pairs, "queue_pairs", queue_pairs)
+    monkeypatch.setattr(annotate.policy_pairs, "load_policy_model", lambda path: (LoadedPolicy(path), None))
 
 
 def route_generate_pairs(monkeypatch, ws, got):
