@@ -114,11 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"app.py: {error}", file=sys.stderr)
         return 2
-    if not (args.serve or args.show_config or args.import_prompts or args.export or args.add_user
-            or args.upgrade_auth):
-        from rlhf.distributed import join_launched_processes
+    from rlhf.distributed import join_launched_processes
 
-        join_launched_processes()  # under torchrun on CPU: one gloo group, not N lone trainers
+    join_launched_processes()  # under torchrun on CPU: one gloo group, not N lone trainers (a no-op elsewhere)
     return dispatch(args, config)
 
 

@@ -42,8 +42,9 @@ def load_policy_model(path: str):
     from rlhf.models import default_dtype, load_causal_lm, load_tokenizer
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_causal_lm(path, dtype=default_dtype(device)).to(device)
-    return model, load_tokenizer(path)
+    tokenizer = load_tokenizer(path)
+    model = load_causal_lm(path, dtype=default_dtype(device), tokenizer=tokenizer).to(device)
+    return model, tokenizer
 
 
 def _model_and_tokenizer(model_path_or_model, tokenizer):
