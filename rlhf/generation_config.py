@@ -3,7 +3,7 @@
 transformers fills every GenerationConfig field left None from the model's `generation_config` (then from its
 global defaults, where top_k is 50): a checkpoint that ships `repetition_penalty` 1.1, `no_repeat_ngram_size`,
 `min_p`, `top_k`, `suppress_tokens`... would add those processors to every `generate()` call. PPO's log-probs are
-those of the distribution it samples from (rlhf.ppo.warping), and pairs are sampled with [sampling]'s settings
+those of the distribution it samples from (rlhf.warping), and pairs are sampled with [sampling]'s settings
 only, so both generate through `generate_with`: every processor field set to its neutral value (`NEUTRAL`), and
 the model's own generation config blanked for the call, because several fields (min_p, suppress_tokens, forced
 BOS/EOS, sequence_bias...) have no neutral value but None, which transformers would fill from the model.

@@ -23,7 +23,7 @@ from rlhf.models import load_causal_lm
 from rlhf.ppo.config import PPOConfig
 from rlhf.ppo.experience import response_log_probs, sampling_config
 from rlhf.ppo.trainer import PPOTrainer
-from rlhf.ppo.warping import Warping, min_new_tokens_removed, top_k_removed, top_p_removed, warp_logits
+from rlhf.warping import Warping, min_new_tokens_removed, top_k_removed, top_p_removed, warp_logits
 from rlhf.reward.model import RewardModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,7 +16,7 @@ from rlhf.models import format_prompt, load_causal_lm, load_tokenizer, resolve_m
 from rlhf.ppo.trainer import PPOConfig, PPOTrainer
 from rlhf.generate import response_mask_until_eos
 from rlhf.ppo.experience import position_ids_from_mask, response_log_probs
-from rlhf.ppo.warping import Warping
+from rlhf.warping import Warping
 from rlhf.ppo.train import _same_model, add_lora, build_ppo_trainer, train_ppo
 from rlhf.reward.model import RewardModel, RewardOutput
 

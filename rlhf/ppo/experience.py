@@ -16,7 +16,7 @@ from transformers import GenerationConfig
 from rlhf.generate import position_ids_from_mask, response_mask_until_eos
 from rlhf.generation_config import generate_with, neutral_generation_config
 from rlhf.losses import entropy_from_logits, gather_log_probs
-from rlhf.ppo.warping import Warping
+from rlhf.warping import Warping
 
 Tensor = torch.Tensor
 
@@ -121,7 +121,7 @@ def response_log_probs(
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, T) of the response tokens under the warped distribution, and its entropy (B, T) when asked.
 
-    PPO passes its sampling settings (temperature, top-k, top-p, min_new_tokens: rlhf.ppo.warping): the log-probs
+    PPO passes its sampling settings (temperature, top-k, top-p, min_new_tokens: rlhf.warping): the log-probs
     are then those of the distribution the tokens were drawn from (TRL divides by the temperature), so the ratio is
     on-policy and the KL estimate log pi - log pi_ref is unbiased. Raw logits (DeepSpeed-Chat) at temperature 0.7
     make the sampled tokens look likelier than they were drawn, and a round measured a KL of -0.29 per answer.

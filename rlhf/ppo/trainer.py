@@ -43,7 +43,7 @@ from rlhf.ppo.experience import (
     sampling_config,
     sequence_answer_mask,
 )
-from rlhf.ppo.warping import Warping
+from rlhf.warping import Warping
 
 Tensor = torch.Tensor
 
