@@ -2,8 +2,10 @@
 
 A judge is a callable `(prompt, answer_a, answer_b) -> "a" | "b" | "tie" | "both_bad"`. Built-in rules:
 `longer`, `shorter`, `contains:WORD`, `polite` (prefers the answer with more warm, polite words, a
-preference that is neither length nor one token) and `courteous` (the same with ten words of courtesy only).
-Noise flips a share of a/b votes, as disagreeing human labellers would.
+preference that is neither length nor one token), `courteous` (the same with ten words of courtesy only), and four
+that are not word lists (annotate.annotators): `structured` (lists and headings), `example` (a concrete example),
+`formal` (formal register) and `concise` (information per word). TUNING_RULES are for development, HELD_OUT_RULES
+only for reporting (docs/annotators.md). Noise flips a share of a/b votes, as disagreeing human labellers would.
 """
 
 from __future__ import annotations
@@ -12,21 +14,26 @@ import importlib
 import random
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+
+from annotate.annotators import concision, concreteness, formality, structure
 
 Judge = Callable[[str, str, str], str]
 VALID_JUDGEMENTS = ("a", "b", "tie", "both_bad")
 
-POLITE_WORDS = frozenset(
-    """please thank thanks glad happy hope kind kindly welcome sorry appreciate wonderful great lovely
-    gently warm warmly care caring friend friendly enjoy delighted pleasure helpful support certainly
-    absolutely gladly hello hi dear best wishes good nice sure""".split()
-)
+POLITE_WORDS = frozenset([
+    "please", "thank", "thanks", "glad", "happy", "hope", "kind", "kindly", "welcome", "sorry", "appreciate",
+    "wonderful", "great", "lovely", "gently", "warm", "warmly", "care", "caring", "friend", "friendly", "enjoy",
+    "delighted", "pleasure", "helpful", "support", "certainly", "absolutely", "gladly", "hello", "hi", "dear", "best",
+    "wishes", "good", "nice", "sure"
+])
 """Forty words, many of them everyday ("good", "sure", "best", "care", "support") that are as often plain as warm
 ("good for the soil", "make sure"): a lexical rule more than a tone."""
 
-COURTESY_WORDS = frozenset("please thank thanks sorry glad happy welcome appreciate kindly hope".split())
+COURTESY_WORDS = frozenset([
+    "please", "thank", "thanks", "sorry", "glad", "happy", "welcome", "appreciate", "kindly", "hope"
+])
 """Ten words of courtesy formulas ("thank you", "happy to help", "I hope this helps"): closer to what a person means
 by a polite answer, and to what the model's own features encode (README, "Learning from few votes")."""
 
@@ -37,6 +44,22 @@ def _prefer(score_a: float, score_b: float) -> str:
     if score_b > score_a:
         return "b"
     return "tie"
+
+
+def graded(score: Callable[[str], float], prompt: str, answer_a: str, answer_b: str,
+           scale: float) -> tuple[str, int]:
+    """(verdict, strength) of a rule that grades by how much better: ("tie", 0) on equal scores, else the preferred
+    side with strength 1 (slightly better: the score difference is under `scale`) or 2 (much better: at least
+    `scale`). `scale` is in the score's units, for example annotate.annotators.score_scale over the answers at hand
+    (about half the decided pairs are then "much"); `prompt` is unused, as the rules' judges ignore it.
+    """
+    if scale <= 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+    difference = score(answer_a) - score(answer_b)
+    verdict = _prefer(difference, 0.0)
+    if verdict == "tie":
+        return verdict, 0
+    return verdict, 2 if abs(difference) >= scale else 1
 
 
 def longer(prompt: str, answer_a: str, answer_b: str) -> str:
@@ -88,16 +111,46 @@ def courteous(prompt: str, answer_a: str, answer_b: str) -> str:
     return _prefer(courtesy(answer_a), courtesy(answer_b))
 
 
-BUILT_IN_RULES: dict[str, Judge] = {"longer": longer, "shorter": shorter, "polite": polite, "courteous": courteous}
+def structured(prompt: str, answer_a: str, answer_b: str) -> str:
+    """Prefers the answer laid out in lists, headings and labelled lines (annotate.annotators.structure)."""
+    return _prefer(structure(answer_a), structure(answer_b))
+
+
+def example(prompt: str, answer_a: str, answer_b: str) -> str:
+    """Prefers the answer that gives a concrete example, then the more specific one (annotators.concreteness)."""
+    return _prefer(concreteness(answer_a), concreteness(answer_b))
+
+
+def formal(prompt: str, answer_a: str, answer_b: str) -> str:
+    """Prefers the more formal register: no contractions, slang or exclamations; longer words and sentences."""
+    return _prefer(formality(answer_a), formality(answer_b))
+
+
+def concise(prompt: str, answer_a: str, answer_b: str) -> str:
+    """Prefers more information per word: distinct content words, no repetition, not empty (annotate.annotators)."""
+    return _prefer(concision(answer_a), concision(answer_b))
+
+
+BUILT_IN_RULES: dict[str, Judge] = {"longer": longer, "shorter": shorter, "polite": polite, "courteous": courteous,
+                                    "structured": structured, "example": example, "formal": formal, "concise": concise}
 
 RULE_SCORES: dict[str, Callable[[str], float]] = {
     "longer": lambda text: float(len(text.split())),
     "shorter": lambda text: -float(len(text.split())),
     "polite": politeness,
     "courteous": courtesy,
+    "structured": structure,
+    "example": concreteness,
+    "formal": formality,
+    "concise": concision,
 }
 """The quantity each built-in rule compares, per answer: its mean over a policy's answers moves by degrees where
 the pairwise verdict between two policies is mostly a tie."""
+
+TUNING_RULES = ("courteous", "polite", "structured")
+"""Annotators to develop against: choose features, strategies and settings on these."""
+HELD_OUT_RULES = ("example", "formal", "concise")
+"""Annotators kept out of development, to report what was not tuned for: never choose a setting by them."""
 
 
 class AnnotatorSpecError(ValueError):
@@ -105,7 +158,7 @@ class AnnotatorSpecError(ValueError):
 
 
 def resolve_judge(spec: str) -> Judge:
-    """`longer`, `shorter`, `polite`, `courteous`, `contains:WORD` or `package.module:function`."""
+    """A BUILT_IN_RULES name, `contains:WORD` or `package.module:function`."""
     if spec in BUILT_IN_RULES:
         return BUILT_IN_RULES[spec]
     if spec.startswith("contains:"):
@@ -127,13 +180,21 @@ def resolve_judge(spec: str) -> Judge:
 
 
 def resolve_score(spec: str) -> Callable[[str], float] | None:
-    """The per-answer score behind a built-in rule (`contains:WORD`: 1 when the answer contains the word); None for a
-    `module:function` annotator, which is a verdict only."""
+    """The per-answer score behind a built-in rule (`contains:WORD`: 1 when the answer contains the word); for a
+    `module:function` annotator, the module's `score(text) -> float` when it defines one (examples/custom_annotator.py);
+    else None (a verdict only, or a module that does not import: resolve_judge reports that)."""
     if spec in RULE_SCORES:
         return RULE_SCORES[spec]
     if spec.startswith("contains:") and spec.split(":", 1)[1]:
         needle = spec.split(":", 1)[1].lower()
         return lambda text: float(needle in text.lower())
+    if ":" in spec and not spec.startswith("contains:"):
+        try:
+            module = importlib.import_module(spec.split(":", 1)[0])
+        except ImportError:
+            return None
+        score = getattr(module, "score", None)
+        return score if callable(score) else None
     return None
 
 
