@@ -13,7 +13,8 @@ import statistics
 
 # ---------------------------------------------------------------------------------------------------- structure
 
-_LIST_ITEM = re.compile(r"^(?:[-*+•]\s+\S|\d{1,2}[.)]\s+\S|[a-z][.)]\s+\S|\(\d{1,2}\)\s*\S|step\s+\d+\b)", re.IGNORECASE)
+_LIST_ITEM = re.compile(r"^(?:[-*+•]\s+\S|\d{1,2}[.)]\s+\S|[a-z][.)]\s+\S|\(\d{1,2}\)\s*\S|step\s+\d+\b)",
+                        re.IGNORECASE)
 _HEADING = re.compile(r"^(?:#{1,6}\s+\S|\*\*[^*]+\*\*:?\s*$|__[^_]+__:?\s*$)")
 _LABEL = re.compile(r"^(?:\*\*)?[A-Z][^.!?:\n]{0,40}:(?:\*\*)?(?:\s|$)")
 """A short lead phrase and a colon opening a line ("Water them properly: ...", "**Tips:**"): a definition-list item or
@@ -28,9 +29,10 @@ def is_structural_line(line: str) -> bool:
 
 
 def structure(text: str) -> float:
-    """Share of non-empty lines that are list items, headings or labelled lines, plus 0.2 x min(1, 8 / mean words a
-    chunk), where chunks are lines cut at sentence ends: short, scannable chunks. The second term orders the many
-    answers without a list (which would otherwise all tie at 0) by sentence length, not by their total length.
+    """Share of non-empty lines that are list items, headings or labelled lines (0 for a single line: one line is no
+    layout), plus 0.2 x min(1, 8 / mean words a chunk), where chunks are lines cut at sentence ends: short, scannable
+    chunks. The second term orders the many answers without a list (which would otherwise all tie at 0) by sentence
+    length, not by their total length.
 
     Range 0 to 1.2; 0 for a text without words.
     """
@@ -38,7 +40,7 @@ def structure(text: str) -> float:
     if not lines:
         return 0.0
     chunks = [chunk for line in lines for chunk in re.split(r"(?<=[A-Za-z)\"'][.!?])\s+", line) if chunk.split()]
-    share = sum(is_structural_line(line) for line in lines) / len(lines)
+    share = sum(is_structural_line(line) for line in lines) / len(lines) if len(lines) > 1 else 0.0
     return share + 0.2 * min(1.0, 8 / (len(text.split()) / len(chunks)))
 
 

@@ -142,6 +142,7 @@ def test_structure_counts_list_heading_and_labelled_lines_plus_short_lines():
     prose = "Preheat the oven, then mix the batter and bake it for twenty minutes until it is golden."
     assert judge("p", listed, prose) == "a" and judge("p", prose, listed) == "b"
     assert structure("") == 0.0
+    assert structure("The Thunderbolios: The Power of the World") == pytest.approx(0.2)  # one line is no layout
 
 
 def test_concreteness_weighs_example_markers_by_what_follows_then_specifics():
@@ -191,7 +192,8 @@ def test_a_modules_score_is_the_annotators_score_when_it_defines_one():
     # "The cat sat.": 3 words, 1 sentence, 1 syllable each: (206.835 - 1.015 * 3 - 84.6 * 1) / 100
     assert score("The cat sat.") == pytest.approx(1.1919)
     assert resolve_score("examples.custom_annotator:judge") is score
-    assert resolve_judge("examples.custom_annotator:judge")("p", "The cat sat.", "Photosynthesis is fascinating.") == "a"
+    judge = resolve_judge("examples.custom_annotator:judge")
+    assert judge("p", "The cat sat.", "Photosynthesis is fascinating.") == "a"
     assert resolve_score("annotate.simulate:shorter") is None  # its module has no score
     assert resolve_score("no_such_module_xyz:f") is None
 
