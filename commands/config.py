@@ -88,16 +88,30 @@ class SimulateSettings:
     """Seed of the simulated votes, their flips and the demo's evaluation prompts."""
     rounds: int = 3
     """Rounds of the demo loop."""
-    eval_prompts: int = 32
-    """Prompts kept out of training on which the demo loop judges each policy."""
+    eval_prompts: int = 64
+    """Prompts kept out of PPO on which the demo loop judges each policy: the same ones every round and every run on a
+    database (drawn with the seed)."""
     eval_answers: int = 1
     """Answers per evaluation prompt, each judged against the first policy's (more narrow the win rate when the
     judge ties often)."""
+    reward: str = "model"
+    """PPO's reward in the demo loop: "model" (the reward model trained on the votes) or "oracle" (the simulated
+    annotator's own score of each answer). Only annotators with a score have an oracle; the votes are still cast and
+    the reward model still trained and measured."""
+    oracle_ceiling: bool = False
+    """After each demo round, PPO once more from the same policy with the annotator's own score as the reward, judged
+    beside it (oracle_win_rate). Same settings and seed; its policy is a folder beside the round's (ceiling-policy),
+    not a policy of the loop: the most the round's PPO could buy with a perfect reward model."""
 
     def __post_init__(self) -> None:
         if self.eval_answers < 1 or self.eval_prompts < 1:
             raise ValueError(f"eval_prompts and eval_answers must be at least 1 (got {self.eval_prompts} and "
                              f"{self.eval_answers}): the win rate needs answers to judge")
+        if self.reward not in ("model", "oracle"):
+            raise ValueError(f"reward is model or oracle, not {self.reward!r}")
+        if self.reward == "oracle" and self.oracle_ceiling:
+            raise ValueError("oracle_ceiling compares the reward model's rounds with the oracle's: it needs "
+                             "reward = \"model\" (with reward = \"oracle\" the rounds are the ceiling already)")
         if not 0.0 <= self.noise <= 1.0:
             raise ValueError(f"noise is a share of votes between 0 and 1, not {self.noise}")
 

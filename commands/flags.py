@@ -36,6 +36,8 @@ CONFIG_FLAGS: dict[str, list[tuple[str, tuple[str, ...], dict]]] = {
         ("--annotator", ("simulate.annotator",), {"metavar": "ANNOTATOR"}),
         ("--eval-prompts", ("simulate.eval_prompts",), {"metavar": "N"}),
         ("--eval-answers", ("simulate.eval_answers",), {"metavar": "K"}),
+        ("--reward", ("simulate.reward",), {"choices": ["model", "oracle"]}),
+        ("--oracle-ceiling", ("simulate.oracle_ceiling",), {}),
         ("--votes", ("simulate.votes",), {"metavar": "N"}),
         ("--noise", ("simulate.noise",), {"metavar": "RATE"}),
         ("--annotator-name", ("simulate.annotator_name",), {"metavar": "NAME"}),

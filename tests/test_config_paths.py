@@ -86,7 +86,7 @@ def ws(tmp_path, monkeypatch):
 
 def route_train_round(monkeypatch, ws, got):
     def run_round(db_path, base_model, config, log=print, **kwargs):
-        got.update(db=str(db_path), base_model=base_model, config=config)
+        got.update(db=str(db_path), base_model=base_model, config=config, round_kwargs=kwargs)
         return SimpleNamespace(round_id=1, policy_id=1, metrics={})
 
     monkeypatch.setattr(commands.round, "run_round", run_round)
@@ -302,6 +302,9 @@ ROWS = [
     ("simulate.votes", 3, "--simulate", lambda got: got["n_votes"]),
     ("simulate.votes", 3, "--demo-loop", lambda got: got["n_votes"]),
     ("simulate.votes", 3, "--demo-loop", lambda got: got["n_pairs"]),  # pairs made for the votes
+    ("simulate.reward", "oracle", "--demo-loop",
+     lambda got: "oracle" if got["round_kwargs"]["reward_function"] else "model"),
+    ("simulate.oracle_ceiling", True, "--demo-loop", lambda got: got["round_kwargs"]["ceiling_reward"] is not None),
     ("serve.first_batch", 5, "app", lambda got: got["app_config"].first_batch_pairs),
     ("serve.auto_round_every", 9, "app", lambda got: got["auto_every"]),
 ]

@@ -368,6 +368,32 @@ def test_train_ppo_runs_from_folders_and_saves_a_plain_model(tiny_model_dir, rew
     assert load_causal_lm(result.saved_path).config.vocab_size == 49152
 
 
+def test_a_reward_function_scores_the_decoded_answers_in_place_of_the_reward_model(tiny_model_dir, reward_model_dir):
+    seen = []
+
+    def plus_one(texts: list[str]) -> list[float]:
+        seen.append(list(texts))
+        return [1.0] * len(texts)
+
+    config = PPOConfig(batch_size=4, mini_batch_size=4, max_new_tokens=6, seed=3)
+    trainer = build_ppo_trainer(tiny_model_dir, reward_model_dir, config, reward_function=plus_one)
+    assert trainer.reward_model is None  # never loaded: the function scores the answers
+    tokenizer, eos, pad = trainer.tokenizer, trainer.tokenizer.eos_token_id, trainer.tokenizer.pad_token_id
+    words = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("Hello world", "Good bye now")]
+    response = torch.tensor([words[0] + [eos] + [pad] * (5 - len(words[0])),  # ended: the EOS and padding left out
+                             (words[1] * 2)[:6]])  # (2, 6); cut at the limit: every token kept
+    prompt = torch.tensor([[pad, 17, 18], [19, 20, 21]])  # (2, 3) left-padded
+    action_mask, _ended = response_mask_until_eos(response, trainer.eos_ids)  # (2, 6)
+    sequences = torch.cat([prompt, response], dim=1)  # (2, 9)
+    expected = ["Hello world", tokenizer.decode((words[1] * 2)[:6]).strip()]
+    assert trainer.answer_texts(sequences, action_mask) == expected
+    scores = trainer.reward_scores(sequences, torch.ones_like(sequences), action_mask)
+    assert scores.tolist() == [1.0, 1.0] and seen == [expected]
+    metrics = trainer.step(PROMPTS)
+    assert metrics["ppo/score"] == 1.0  # the function's score, as produced (before normalisation and clipping)
+    assert len(seen) == 2 and len(seen[1]) == len(PROMPTS) and all(isinstance(text, str) for text in seen[1])
+
+
 def test_bf16_autocasts_every_model_kept_in_fp32(tiny_model_dir, reward_model_dir):
     config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=4, mixed_precision="bf16")
     trainer = build_ppo_trainer(tiny_model_dir, reward_model_dir, config)

@@ -105,6 +105,45 @@ def test_ppo_seed_follows_round_seed_and_the_round_while_train_ppo_keeps_its_own
     assert config.ppo.seed == 42  # the loaded configuration is left as it was
 
 
+def test_a_reward_function_takes_the_rounds_settings_with_its_scores_normalised(tmp_path):
+    from rlhf.round.config import function_ppo_settings, ppo_settings
+
+    config = load_config(None, ["round.adapt_ppo_to_head=false", "ppo.lam=0.9", "ppo.kl_ctl=0.07"])
+    settings = ppo_settings(config, str(tmp_path), round_id=2)
+    assert settings.normalize_rewards is False
+    oracle = function_ppo_settings(settings)
+    assert oracle.normalize_rewards is True
+    assert (oracle.lam, oracle.kl_ctl, oracle.seed, oracle.steps) == (0.9, 0.07, 2, settings.steps)
+
+
+def test_a_round_rewarded_by_a_function_and_its_ceiling_beside_it(tmp_path, tiny_model_dir):
+    """reward_function replaces the reward model in PPO (which is still trained and measured); ceiling_reward runs PPO
+    again from the same policy into a folder that is no policy of the loop."""
+    db = tmp_path / "oracle.db"
+    seed_votes(db, tiny_model_dir)
+    seen = []
+
+    def plus_one(texts):
+        seen.extend(texts)
+        return [1.0] * len(texts)
+
+    config = load_config(None, tiny_settings(tmp_path))
+    result = run_round(db, str(tiny_model_dir), config, log=lambda message: None, reward_function=plus_one,
+                       ceiling_reward=lambda texts: [2.0] * len(texts))
+    metrics = result.metrics
+    assert metrics["ppo/score"] == 1.0 and metrics["ceiling/score"] == 2.0  # each run took its own function's scores
+    assert "rm/heldout_accuracy" in metrics and metrics["round/ppo_reward"] == "function"
+    assert metrics["round/normalize_rewards"] is True
+    assert len(seen) == 4 and all(isinstance(text, str) and "<|im_end|>" not in text for text in seen)
+    ceiling = Path(metrics["round/ceiling_policy_path"])
+    assert ceiling == tmp_path / "checkpoints" / "oracle" / "round-1" / "ceiling-policy"
+    assert (ceiling / "config.json").is_file() and "reward function" in (ceiling / "README.md").read_text()
+    store = Store(db)
+    assert [p.round for p in store.policies()] == [0, 1]
+    assert store.latest_policy().id == result.policy_id and store.latest_policy().path != str(ceiling)
+    assert store.round(result.round_id).status == "done" and metrics["round/pairs_generated"] > 0
+
+
 def test_the_round_plan_carries_each_preferences_source(tiny_model_dir):
     from annotate.records import NewGeneration, NewPair
     from rlhf.round.run import plan_round
@@ -214,6 +253,7 @@ def test_one_small_round_of_the_default_model_completes(tmp_path):
 def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_model_dir, capsys, monkeypatch):
     import json
 
+    import annotate.policy_pairs
     import annotate.simulate
 
     vote_seeds = []
@@ -224,6 +264,14 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
         return simulate(*args, seed=seed, **kwargs)
 
     monkeypatch.setattr(annotate.simulate, "simulate_votes", recording_simulate_votes)
+    judged_prompts = []
+    answers_of = annotate.policy_pairs.policy_answers
+
+    def recording_policy_answers(policy_path, prompts, sampling, per_prompt):
+        judged_prompts.append((policy_path, list(prompts)))
+        return answers_of(policy_path, prompts, sampling, per_prompt)
+
+    monkeypatch.setattr(annotate.policy_pairs, "policy_answers", recording_policy_answers)
     db = tmp_path / "demo.db"
     settings = [arg for setting in tiny_settings(tmp_path) for arg in ("--set", setting)]
     code = app.main(["--demo-loop", "--rounds", "2", "--annotator", "longer", "--votes", "8", "--eval-prompts", "4",
@@ -233,25 +281,54 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     assert code == 0
     result = json.loads(out.strip().splitlines()[-1])
     assert [row["round"] for row in result["rounds"]] == [1, 2]
+    assert (result["reward"], result["eval_prompts"], result["eval_answers"]) == ("model", 4, 2)
     # round 2's top-up is chosen by round 1's reward model, as the app's generate button would choose it
     assert "chosen by the reward model at" in captured.err
+    row_keys = {"round", "rm_accuracy", "reward", "kl", "win_rate", "win_rate_low", "win_rate_high", "wins", "losses",
+                "ties", "judge_score", "judge_score_se", "rm_score", "rm_score_first", "seconds"}
+    oracle_keys = {"oracle_win_rate", "oracle_win_rate_low", "oracle_win_rate_high", "oracle_wins", "oracle_losses",
+                   "oracle_ties", "oracle_judge_score", "oracle_judge_score_se", "oracle_kl"}
+
+    def check_row(row, prefixes=("",), answers=8):
+        for prefix in prefixes:
+            assert row[prefix + "wins"] + row[prefix + "losses"] + row[prefix + "ties"] == answers  # prompts x answers
+            assert row[prefix + "win_rate"] == (row[prefix + "wins"] + 0.5 * row[prefix + "ties"]) / answers
+            assert 0 <= row[prefix + "win_rate_low"] <= row[prefix + "win_rate"] <= row[prefix + "win_rate_high"] <= 1
+            assert row[prefix + "judge_score"] > 0  # `longer` scores an answer by its words: their mean
+            assert row[prefix + "judge_score_se"] >= 0
+        assert isinstance(row["rm_score"], float) and isinstance(row["rm_score_first"], float)
+
     for row in result["rounds"]:
-        assert set(row) == {"round", "rm_accuracy", "reward", "kl", "win_rate", "wins", "losses", "ties",
-                            "judge_score", "seconds"}
-        assert row["wins"] + row["losses"] + row["ties"] == 8  # one verdict per evaluation answer (4 prompts x 2)
-        assert row["win_rate"] == (row["wins"] + 0.5 * row["ties"]) / 8
-        assert row["judge_score"] > 0  # `longer` scores an answer by its words: the mean word count of 8 answers
-    assert result["first_judge_score"] > 0
+        assert set(row) == row_keys
+        check_row(row)
+    assert result["first_judge_score"] > 0 and result["first_judge_score_se"] >= 0
+    printed = out.strip().splitlines()[0]
+    assert "95% CI" in printed and "reward-model score" in printed
     store = Store(db)
     assert [p.round for p in store.policies()] == [0, 1, 2]
     assert len(store.votes(annotator="sim:longer")) == 16
     assert [r.status for r in store.rounds()] == ["done", "done"]
-    # the same database again: its rows go on from the database's round 3, not from 1
+    # the same database again, with the oracle's ceiling: its rows go on from the database's round 3, not from 1
     code = app.main(["--demo-loop", "--rounds", "1", "--annotator", "longer", "--votes", "8", "--eval-prompts", "4",
-                     "--db", str(db), "--model", str(tiny_model_dir), *settings])
+                     "--oracle-ceiling", "--db", str(db), "--model", str(tiny_model_dir), *settings])
     assert code == 0
-    assert [row["round"] for row in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rounds"]] == [3]
+    out = capsys.readouterr().out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert [row["round"] for row in result["rounds"]] == [3]
+    assert set(result["rounds"][0]) == row_keys | oracle_keys
+    check_row(result["rounds"][0], ("", "oracle_"), answers=4)
+    assert result["rounds"][0]["oracle_kl"] is not None
+    assert "oracle ceiling: win rate" in out.strip().splitlines()[0]
     assert vote_seeds == [1, 2, 3]  # --seed 0 plus the database's rounds: the second run does not repeat the first
+    third = store.rounds()[2]
+    ceiling = Path(third.metrics["round/ceiling_policy_path"])
+    assert ceiling.name == "ceiling-policy" and (ceiling / "config.json").is_file()
+    assert [p.round for p in store.policies()] == [0, 1, 2, 3]  # the ceiling's policy is a folder, not a policy
+    assert store.latest_policy().path == third.metrics["round/policy_path"] != str(ceiling)
+    # every policy of both runs (first, rounds, the ceiling) was judged on the same four prompts
+    assert len(judged_prompts) == 1 + 2 + 1 + 1 + 1
+    assert all(prompts == judged_prompts[0][1] for _path, prompts in judged_prompts)
+    assert len(set(judged_prompts[0][1])) == 4
 
 
 def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
@@ -263,7 +340,30 @@ def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
     first = ["short", "short", "same", "a longer one", "x"]
     # new on side a for rows 0, 2, 4 and on side b for 1, 3: wins at 0, 1, 4; tie at 2; loss at 3
     result = head_to_head(longer, prompts, new, first)
-    assert result == {"win_rate": (3 + 0.5) / 5, "wins": 3, "losses": 1, "ties": 1}
+    # scores [1, 1, 0.5, 0, 1]: mean 0.7, standard error 0.2 (as in the test below), interval 0.7 +- 0.392
+    assert result == pytest.approx({"win_rate": (3 + 0.5) / 5, "win_rate_low": 0.308, "win_rate_high": 1.0,
+                                    "wins": 3, "losses": 1, "ties": 1})
+
+
+def test_mean_standard_error_and_win_rate_interval_worked_by_hand():
+    from commands.round import mean_and_standard_error, win_rate_interval
+
+    scores = [1, 1, 1, 0.5, 0]  # 3 wins, a tie, a loss
+    # mean 0.7; squared deviations 3 * 0.09 + 0.04 + 0.49 = 0.8; variance 0.8 / 4 = 0.2; error sqrt(0.2 / 5) = 0.2
+    assert mean_and_standard_error(scores) == pytest.approx((0.7, 0.2))
+    low, high = win_rate_interval(scores)
+    assert (low, high) == pytest.approx((0.7 - 1.96 * 0.2, 1.0))  # 1.092 clipped to 1
+    # two answers a prompt: the prompts' means [0.5, 1, 0.5, 0.5], mean 0.625, variance (3 * 0.015625 + 0.140625) / 3
+    # = 0.0625, error 0.25 / sqrt(4) = 0.125 (the eight scores as independent draws: 0.157)
+    paired = [1, 0, 1, 1, 0.5, 0.5, 0, 1]
+    assert mean_and_standard_error(paired, per_group=2) == pytest.approx((0.625, 0.125))
+    assert win_rate_interval(paired, per_prompt=2) == pytest.approx((0.625 - 0.245, 0.625 + 0.245))
+    # 20 wins, 20 losses, 24 ties: mean 0.5, variance 40 * 0.25 / 63, error sqrt(10 / 63 / 64) = 0.0498
+    even = [1] * 20 + [0] * 20 + [0.5] * 24
+    assert win_rate_interval(even) == pytest.approx((0.5 - 1.96 * 0.04980, 0.5 + 1.96 * 0.04980), abs=1e-4)
+    assert win_rate_interval([0.5] * 64) == (0.5, 0.5)  # all ties: no spread (Wilson would say 0.5 +- 0.12)
+    assert mean_and_standard_error([0.4]) == (0.4, None) and win_rate_interval([1.0]) == (0.0, 1.0)
+    assert mean_and_standard_error([]) == (None, None)
 
 
 def test_mean_score_averages_the_rules_score_and_is_none_for_a_verdict_only_annotator():
@@ -280,10 +380,25 @@ def test_mean_score_averages_the_rules_score_and_is_none_for_a_verdict_only_anno
     assert mean_score(resolve_score("courteous"), []) is None
 
 
+def test_an_oracle_needs_an_annotator_with_a_score_and_is_refused_before_touching_the_database(tmp_path, capsys,
+                                                                                              monkeypatch):
+    (tmp_path / "verdicts_only.py").write_text("def judge(prompt, a, b):\n    return 'a'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    db = tmp_path / "demo.db"
+    for flag in (["--reward", "oracle"], ["--oracle-ceiling"]):
+        code = app.main(["--demo-loop", "--annotator", "verdicts_only:judge", *flag, "--db", str(db)])
+        assert code == 2
+        err = capsys.readouterr().err
+        assert f"error: {flag[0]}" in err and "'verdicts_only:judge' has none" in err and "--reward model" in err
+    assert app.main(["--demo-loop", "--reward", "oracle", "--oracle-ceiling", "--db", str(db)]) == 2
+    assert "oracle_ceiling compares the reward model's rounds with the oracle's" in capsys.readouterr().err
+    assert not db.exists()
+
+
 def test_demo_loop_refuses_zero_evaluation_answers_before_touching_the_database(tmp_path, capsys):
     db = tmp_path / "demo.db"
     code = app.main(["--demo-loop", "--eval-answers", "0", "--db", str(db)])
     assert code == 2
-    assert "app.py: [simulate]: eval_prompts and eval_answers must be at least 1 (got 32 and 0)" in \
+    assert "app.py: [simulate]: eval_prompts and eval_answers must be at least 1 (got 64 and 0)" in \
         capsys.readouterr().err
     assert not db.exists()

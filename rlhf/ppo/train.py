@@ -14,7 +14,7 @@ from torch import nn
 from rlhf.models import context_length, load_causal_lm, load_tokenizer, prompt_budget, tell_once
 from rlhf.distributed import make_accelerator
 from rlhf.ppo.model_card import write_model_card
-from rlhf.ppo.trainer import PPOConfig, PPOTrainer
+from rlhf.ppo.trainer import PPOConfig, PPOTrainer, RewardFunction
 from rlhf.reward.model import RewardModel
 
 HEAD_NAMES = {"lm_head", "v_head", "score"}
@@ -83,12 +83,15 @@ def build_ppo_trainer(
     reference_path: str | Path | None = None,
     critic_path: str | Path | None = None,
     accelerator: Accelerator | None = None,
+    reward_function: RewardFunction | None = None,
 ) -> PPOTrainer:
     """The four models from folders: actor (and by default reference) from `actor_path`, frozen reward
     model and critic (by default) from `reward_model_path`, as DeepSpeed-Chat initialises the critic.
 
     LoRA mode holds shared weights once: the reference is the actor with adapters disabled when it is the
     same model, and the reward model is the critic with adapters disabled when the critic starts from it.
+    With a `reward_function` the answers are scored by it: the reward model is not loaded, the critic still starts
+    from `reward_model_path`.
     """
     accelerator = accelerator or make_accelerator(config.mixed_precision)
     # Frozen models stay in fp32 under bf16 autocast, as the trained ones. Stored in bf16, a model's residual
@@ -106,10 +109,18 @@ def build_ppo_trainer(
         actor, critic = add_lora(actor, config, causal_lm=True), add_lora(critic, config, causal_lm=False)
     if not (config.use_lora and same_reference):
         reference = load_causal_lm(reference_path or actor_path, dtype=torch.float32, tokenizer=tokenizer)
-    if not (config.use_lora and same_critic):
+    if reward_function is None and not (config.use_lora and same_critic):
         reward_model = RewardModel.from_pretrained(reward_model_path, dtype=torch.float32)
     return PPOTrainer(actor, critic, tokenizer, config, reward_model=reward_model, reference=reference,
-                      accelerator=accelerator)
+                      accelerator=accelerator, reward_function=reward_function)
+
+
+def reward_label(reward_model_path: str | Path, reward_function: RewardFunction | None = None) -> str:
+    """What a policy's model card names as its reward: the reward model's folder, or the function that replaced it."""
+    if reward_function is None:
+        return str(reward_model_path)
+    name = getattr(reward_function, "__name__", type(reward_function).__name__)
+    return f"none: the reward function {name} scored the answers (the critic started from {reward_model_path})"
 
 
 def summarise_ppo(history: list[dict]) -> dict:
@@ -135,14 +146,17 @@ def train_ppo(
     critic_path: str | Path | None = None,
     on_step: Callable[[dict], None] | None = None,
     accelerator: Accelerator | None = None,
+    reward_function: RewardFunction | None = None,
 ) -> PPOResult:
-    """A PPO run over `prompts` (see `build_ppo_trainer` for the models); saves the new actor to `out_dir` with a
-    model card naming its base model (the reference), its reward model and the run's mean metrics (a round writes
-    its own card over it, with the round and the votes)."""
-    trainer = build_ppo_trainer(actor_path, reward_model_path, config, reference_path, critic_path, accelerator)
+    """A PPO run over `prompts` (see `build_ppo_trainer` for the models; `reward_function` scores the answers in place
+    of the reward model); saves the new actor to `out_dir` with a model card naming its base model (the reference),
+    its reward and the run's mean metrics (a round writes its own card over it, with the round and the votes)."""
+    trainer = build_ppo_trainer(actor_path, reward_model_path, config, reference_path, critic_path, accelerator,
+                                reward_function)
     history = trainer.train(prompts, on_step=on_step)
     saved = trainer.save_actor(out_dir)
     if trainer.accelerator.is_main_process:
         write_model_card(saved, str(reference_path or actor_path), metrics=summarise_ppo(history),
-                         sampling=sampling_settings(trainer.config), reward_model=str(reward_model_path))
+                         sampling=sampling_settings(trainer.config),
+                         reward_model=reward_label(reward_model_path, reward_function))
     return PPOResult(history=history, saved_path=saved, config=asdict(trainer.config))  # max_prompt_length as fitted

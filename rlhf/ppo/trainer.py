@@ -46,6 +46,9 @@ from rlhf.ppo.experience import (
 from rlhf.warping import Warping
 
 Tensor = torch.Tensor
+RewardFunction = Callable[[list[str]], list[float]]
+"""Texts of a batch's answers -> one score each, higher preferred: a reward given as a function of the answer's text
+(the demo's oracle: a simulated annotator's own score), in place of a reward model."""
 
 
 class PPOTrainer:
@@ -57,17 +60,22 @@ class PPOTrainer:
     reference: frozen causal LM; None means the actor with its adapters disabled (LoRA mode only).
     reward_model: frozen value model; None means the critic with its adapters disabled (LoRA mode, when
     the critic was initialised from the reward model, as DeepSpeed-Chat initialises it).
+    reward_function: scores the decoded answers in place of the reward model (`reward_scores`); the reward model is
+    then not needed. config.normalize_rewards, the clip and the truncation penalty apply to its scores as to a
+    model's: a caller whose function has its own units turns normalisation on (rlhf.round.config.function_ppo_settings).
     """
 
     def __init__(self, actor, critic, tokenizer, config: PPOConfig, reward_model=None, reference=None,
-                 accelerator: Accelerator | None = None):
+                 accelerator: Accelerator | None = None, reward_function: RewardFunction | None = None):
         self.config = config
         self.accelerator = accelerator or make_accelerator(config.mixed_precision)
         set_seed(config.seed, device_specific=True)
         if reference is None and not hasattr(actor, "disable_adapter"):
             raise ValueError("PPOTrainer needs a reference model, or a LoRA (peft) actor to serve as its own")
-        if reward_model is None and not hasattr(critic, "disable_adapter"):
-            raise ValueError("PPOTrainer needs a reward model, or a LoRA (peft) critic initialised from it")
+        if reward_model is None and reward_function is None and not hasattr(critic, "disable_adapter"):
+            raise ValueError("PPOTrainer needs a reward model, a LoRA (peft) critic initialised from one, or a reward "
+                             "function")
+        self.reward_function = reward_function
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(actor, tokenizer)  # the tokenizer's EOS and the model's configured ones
         # one set of sampling settings for generate() and for every log-prob (actor, old, reference)
@@ -122,13 +130,32 @@ class PPOTrainer:
                                       warping=self.warping)[0]
 
     def reward_scores(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor) -> Tensor:
-        """(B,) reward-model scores of whole sequences (a mean-pooled one averages the response); inference_mode."""
+        """(B,) reward-model scores of whole sequences (a mean-pooled one averages the response), or the reward
+        function's scores of the decoded answers when there is one; inference_mode."""
+        if self.reward_function is not None:
+            texts = self.answer_texts(sequences, action_mask)
+            scores = [float(score) for score in self.reward_function(texts)]
+            if len(scores) != len(texts):
+                raise ValueError(f"the reward function returned {len(scores)} scores for {len(texts)} answers")
+            return torch.tensor(scores, dtype=torch.float32, device=sequences.device)  # (B,)
         answer_mask = sequence_answer_mask(action_mask, sequences.shape[1])  # (B, P+T)
         if self.reward_model is not None:
             return self.reward_model.forward_value(sequences, attention_mask, answer_mask).scores
         critic = self.unwrapped_critic()
         with critic.disable_adapter():
             return critic.forward_value(sequences, attention_mask, answer_mask).scores
+
+    def answer_texts(self, sequences: Tensor, action_mask: Tensor) -> list[str]:
+        """The batch's answers as text, as people and the demo's judge read them: the response tokens under the action
+        mask, the EOS that ends one left out, special tokens skipped, surrounding whitespace stripped."""
+        response = sequences[:, -action_mask.shape[1]:]  # (B, T)
+        texts = []
+        for tokens, mask in zip(response.tolist(), action_mask.tolist()):
+            kept = [token for token, keep in zip(tokens, mask) if keep]
+            if kept and kept[-1] in self.eos_ids:
+                kept = kept[:-1]
+            texts.append(self.tokenizer.decode(kept, skip_special_tokens=True).strip())
+        return texts
 
     # ----- phases 4 and 5 -----
 

@@ -70,6 +70,20 @@ def ppo_settings(config: TrainingConfig, reward_model_path: str, round_id: int |
     return settings
 
 
+def function_ppo_settings(settings: PPOConfig) -> PPOConfig:
+    """The round's PPO settings for a reward function in place of the reward model (the demo's oracle, a simulated
+    annotator's own score): the same settings (steps, lambda, seed, KL), with the scores normalised by their running
+    mean and std (ppo.normalize_rewards), whatever the reward model's strategy.
+
+    A rule's score comes in its own units: `courteous`' share of courtesy words moves by hundredths, `longer`'s word
+    count by tens, `contains:WORD` is 0 or 1. Raw, the first would weigh nothing beside the KL penalty and the second
+    would sit at clip_reward_value; standardised, every rule reaches PPO at the scale a head reward model's scores do
+    in a round (unit spread over the answers PPO samples, RoundConfig.adapt_ppo_to_head), so an oracle round buys
+    what a perfect reward model would at the same KL price.
+    """
+    return replace(settings, normalize_rewards=True)
+
+
 def strategy_settings(config: TrainingConfig, seed: int, warm_start: str | None) -> StrategyConfig:
     """How the round trains its reward model: [votes] for the heads, [reward] for the split and the "full" strategy,
     with this round's seed and warm start."""

@@ -23,9 +23,16 @@ from typing import Callable
 from annotate.store import Store
 from rlhf.distributed import broadcast_from_main, is_main_process, wait_for_everyone
 from rlhf.round.checks import RoundRefused, check_accuracy
-from rlhf.round.config import TrainingConfig, ppo_settings, strategy_settings
+from rlhf.round.config import (
+    TrainingConfig,
+    function_ppo_settings,
+    ppo_settings,
+    strategy_settings,
+)
 
 Log = Callable[[str], None]
+RewardFunction = Callable[[list[str]], list[float]]
+"""Texts of answers -> scores (rlhf.ppo.trainer.RewardFunction; named here so that the round imports no torch)."""
 
 
 class RoundBusy(RoundRefused):
@@ -187,8 +194,14 @@ def _silent(message: str) -> None:
 
 def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log: Log = print,
               exclude_prompts: set[str] | None = None,
-              pair_maker: Callable | None = None) -> RoundResult:
-    """Run one round end to end (steps 1-6 of DESIGN.md "The round"); raises RoundRefused with the reason."""
+              pair_maker: Callable | None = None, reward_function: RewardFunction | None = None,
+              ceiling_reward: RewardFunction | None = None) -> RoundResult:
+    """Run one round end to end (steps 1-6 of DESIGN.md "The round"); raises RoundRefused with the reason.
+
+    `reward_function` (texts of answers -> scores) replaces the reward model as PPO's reward; the reward model is still
+    trained and its accuracy checked and recorded. `ceiling_reward` adds a second PPO run from the same policy with
+    that reward (`_ceiling_stage`): its policy is a folder only, recorded as round/ceiling_policy_path.
+    """
     is_main = is_main_process()
     if not is_main:
         log = _silent  # every process runs the stages; one tells the user about them
@@ -217,7 +230,9 @@ def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log:
         policy_id, reward_path = plan.reuse_policy_id, plan.reuse_reward_path
         if policy_id is None:
             reward_path = _reward_stage(plan, base_model, config, record, log)
-            policy_id = _ppo_stage(plan, reward_path, config, record, log, store)
+            policy_id = _ppo_stage(plan, reward_path, config, record, log, store, reward_function)
+            if ceiling_reward is not None:
+                _ceiling_stage(plan, reward_path, config, record, log, ceiling_reward)
         else:
             log(f"Round {plan.round_id}: policy {policy_id} was saved by a crashed round; generating its pairs.")
             record({"round/policy_id": policy_id, "round/resumed_policy": True})
@@ -270,18 +285,23 @@ def _reward_stage(plan: RoundPlan, base_model: str, config: TrainingConfig, reco
     return str(out_dir)
 
 
-def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record, log: Log, store) -> int | None:
-    """Steps 4-5: PPO from the last policy against the first, then save and record the new policy."""
+def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record, log: Log, store,
+               reward_function: RewardFunction | None = None) -> int | None:
+    """Steps 4-5: PPO from the last policy against the first (rewarded by the reward model, or by `reward_function`
+    with its scores normalised: function_ppo_settings), then save and record the new policy."""
     from rlhf.ppo.model_card import write_model_card
-    from rlhf.ppo.train import sampling_settings, summarise_ppo, train_ppo
+    from rlhf.ppo.train import reward_label, sampling_settings, summarise_ppo, train_ppo
 
     record({"round/stage": "ppo"})
     ppo_config = ppo_settings(config, reward_path, plan.round_id)
     adapted = " (head reward model: scores normalised, GAE lambda 1)" if ppo_config.lam != config.ppo.lam or \
         ppo_config.normalize_rewards != config.ppo.normalize_rewards else ""
+    if reward_function is not None:
+        ppo_config = function_ppo_settings(ppo_config)
+        adapted = " rewarded by a function of the answers' text in place of the reward model (scores normalised)"
     log(f"Round {plan.round_id}: PPO on {len(plan.ppo_prompts)} prompts from policy {plan.actor_policy_id}{adapted}.")
     record({"round/normalize_rewards": ppo_config.normalize_rewards, "round/ppo_lam": ppo_config.lam,
-            "round/ppo_seed": ppo_config.seed})
+            "round/ppo_seed": ppo_config.seed, "round/ppo_reward": "model" if reward_function is None else "function"})
     history: list[dict] = []
 
     def on_step(step_metrics: dict) -> None:
@@ -290,19 +310,47 @@ def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record
 
     staging = Path(plan.out_dir) / ".policy-staging"
     result = train_ppo(plan.actor_path, reward_path, plan.ppo_prompts, ppo_config, staging,
-                       reference_path=plan.reference_path, critic_path=reward_path, on_step=on_step)
+                       reference_path=plan.reference_path, critic_path=reward_path, on_step=on_step,
+                       reward_function=reward_function)
     policy_id = None
     if is_main_process():
         summary = summarise_ppo(result.history)
         # the round's card over train_ppo's, before the rename: a published policy folder always has one
         write_model_card(staging, plan.reference_path, round_number=plan.policy_round, n_pairs=len(plan.preferences),
                          n_votes=store.count_votes_since(None), sampling=sampling_settings(ppo_config),
-                         metrics={**store.round(plan.round_id).metrics, **summary}, reward_model=reward_path)
+                         metrics={**store.round(plan.round_id).metrics, **summary},
+                         reward_model=reward_label(reward_path, reward_function))
         target = _publish(staging, Path(plan.out_dir) / "policy")
         policy_id = store.add_policy(plan.policy_round, str(target), parent_id=plan.actor_policy_id)
         record({**summary, "round/policy_id": policy_id, "round/policy_path": str(target)})
         log(f"Round {plan.round_id}: saved policy {policy_id} (round {plan.policy_round}) to {target}.")
     return broadcast_from_main(policy_id)
+
+
+def _ceiling_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record, log: Log,
+                   reward_function: RewardFunction) -> None:
+    """PPO once more from the round's starting policy, rewarded by `reward_function` (the demo's oracle) with the
+    settings and seed of the round's own PPO (function_ppo_settings), the critic again from the round's reward model:
+    what the round's PPO budget buys with a perfect reward. Saved as a folder beside the round's policy
+    (`ceiling-policy`), never as a policy row, so the loop, its next pairs and the app go on from the round's own
+    policy; its path is round/ceiling_policy_path and its mean step metrics ceiling/* (ceiling/kl, ceiling/score...).
+    """
+    from rlhf.ppo.train import summarise_ppo, train_ppo
+
+    record({"round/stage": "ceiling"})
+    ppo_config = function_ppo_settings(ppo_settings(config, reward_path, plan.round_id))
+    log(f"Round {plan.round_id}: the ceiling: PPO again from policy {plan.actor_policy_id} on the same prompts, "
+        "rewarded by the annotator's own score.")
+    staging = Path(plan.out_dir) / ".ceiling-staging"
+    result = train_ppo(plan.actor_path, reward_path, plan.ppo_prompts, ppo_config, staging,
+                       reference_path=plan.reference_path, critic_path=reward_path, reward_function=reward_function)
+    if is_main_process():
+        target = _publish(staging, Path(plan.out_dir) / "ceiling-policy")
+        summary = summarise_ppo(result.history)
+        record({**{"ceiling/" + key.split("/", 1)[1]: value for key, value in summary.items()
+                   if key.startswith("ppo/")}, "round/ceiling_policy_path": str(target)})
+        log(f"Round {plan.round_id}: saved the ceiling's policy to {target} (not a policy of the loop).")
+    wait_for_everyone()
 
 
 def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: TrainingConfig, log: Log,
