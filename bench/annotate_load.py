@@ -31,11 +31,12 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from annotate.records import NewGeneration, NewPair  # noqa: E402
-from annotate.store import Store  # noqa: E402
+from annotate.records import NewGeneration, NewPair
+from annotate.store import Store
+from bench.machine import describe_machine, machine_line
 
 CHOICES = ("left", "right", "tie", "both_bad", "skip")
-ANSWER_WORDS = "the a model answer helps people when it is clear short correct and kind to them".split()
+ANSWER_WORDS = ["the", "a", "model", "answer", "helps", "people", "when", "it", "is", "clear", "short", "correct", "and", "kind", "to", "them"]
 
 
 @dataclass
@@ -110,7 +111,7 @@ def run_annotator(url: str, name: str, votes: int, think_s: float, start: thread
         client = Client(url, verbose=False, ssl_verify=url.startswith("https:"))
         signed = client.predict(name, api_name="/sign_in")
         pair_id = signed[1]
-    except Exception as error:  # a failed sign-in is reported, not raised: the others go on
+    except Exception as error:  # noqa: BLE001 - a failed sign-in is reported, not raised: the others go on
         result.errors.append(f"sign in: {error}")
         start.wait()
         return
@@ -123,7 +124,7 @@ def run_annotator(url: str, name: str, votes: int, think_s: float, start: thread
         began = time.perf_counter()
         try:
             outputs = client.predict(rng.choice(CHOICES), pair_id, "", api_name="/vote")
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - reported with the figures, as a failed sign-in
             result.errors.append(f"vote on pair {pair_id}: {error}")
             return
         result.latencies_ms.append((time.perf_counter() - began) * 1000)
@@ -174,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.url and not args.db:
         parser.error("--url needs --db, the app's database, to check that no vote was lost or duplicated")
+    machine = describe_machine(with_torch=False)  # the app runs in its own process; this one needs no torch
+    print(machine_line(machine), flush=True)
     per_annotator = max(1, args.votes // args.annotators)
     poll_gradio_client_every(args.client_poll_ms / 1000)
 
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         seed_database(db, per_annotator * args.annotators * args.overlap + 2 * args.annotators, args.seed)
         port = free_port()
         url = f"http://127.0.0.1:{port}/"
-        log = open(Path(workdir.name) / "app.log", "w")
+        log = open(Path(workdir.name) / "app.log", "w")  # noqa: SIM115 - open while the app runs, closed below
         process = subprocess.Popen(
             [sys.executable, str(PROJECT_ROOT / "app.py"), "--db", str(db), "--port", str(port), "--first-batch", "0",
              "--overlap", str(args.overlap), "--admin", "bench-admin"],
@@ -233,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         "duplicated": duplicated,
         "errors": len(errors),
         "seconds": round(seconds, 2),
+        "machine": machine,
     }
     print(f"{votes} votes from {args.annotators} annotators in {seconds:.1f} s; vote to next pair "
           f"p50 {summary['p50_ms']} ms, p95 {summary['p95_ms']} ms; lost {lost}, duplicated {duplicated}",

@@ -26,25 +26,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere: the repository root first
 
-import torch  # noqa: E402
+import torch
 
-from rlhf.losses import actor_loss, masked_mean  # noqa: E402
-from rlhf.models import load_tokenizer, resolve_model_path  # noqa: E402
-from rlhf.ppo.trainer import PPOConfig  # noqa: E402
-from rlhf.ppo.train import build_ppo_trainer  # noqa: E402
-from rlhf.reward.model import RewardModel  # noqa: E402
-from rlhf.reward.strategies import parse_feature  # noqa: E402
+from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
+from rlhf.losses import actor_loss, masked_mean
+from rlhf.models import load_tokenizer, resolve_model_path
+from rlhf.ppo.train import build_ppo_trainer
+from rlhf.ppo.trainer import PPOConfig
+from rlhf.reward.model import RewardModel
+from rlhf.reward.strategies import parse_feature
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_prompts import PROMPTS  # noqa: E402
+from bench_prompts import PROMPTS
 
 
 def scored(trainer, batch: tuple) -> dict:
     """The experience of `batch` and the actor's policy-loss gradient under `trainer`'s precision, with the
     advantages given in batch[4] (None: the trainer's own)."""
     sequences, attention_mask, action_mask, ended, advantages = batch
-    experience, (log_probs, values, _) = trainer.evaluate(sequences, attention_mask, action_mask, ended,
-                                                          keep_graph=True)
+    experience, (log_probs, _, _) = trainer.evaluate(sequences, attention_mask, action_mask, ended,
+                                                     keep_graph=True)
     advantages = experience.advantages if advantages is None else advantages
     loss, _, _ = actor_loss(log_probs, experience.log_probs, advantages, action_mask, trainer.config.cliprange)
     trainer.actor_optimizer.zero_grad(set_to_none=True)
@@ -63,9 +64,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    add_bf16_flag(parser)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    machine = describe_machine()
+    print(machine_line(machine), flush=True)
+    check_bf16(True, args.allow_emulated_bf16, machine)  # its bf16 half
     actor_path = resolve_model_path(args.model)
     prompts = PROMPTS[:args.batch_size]
     results = {}
@@ -107,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
         "kl_same_weights_bf16": round(float(half.kl.sum(-1).mean()), 5),
         "grad_cosine": round(float(torch.nn.functional.cosine_similarity(g32, g16, dim=0)), 5),
         "grad_norm_rel_err": round(float((g16.norm() - g32.norm()).abs() / g32.norm()), 5),
+        "machine": machine,
     }
     print(json.dumps(figures))
     return figures

@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from rlhf.generate import AnswerSampling, generate_answers  # noqa: E402
-from rlhf.models import load_causal_lm, load_tokenizer, resolve_model_path  # noqa: E402
+from rlhf.generate import AnswerSampling, generate_answers
+from rlhf.models import load_causal_lm, load_tokenizer, resolve_model_path
 
 CACHE_DIR = Path("data/cache")
 

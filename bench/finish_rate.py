@@ -20,11 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from annotate.importers import read_prompts  # noqa: E402
-from rlhf.generate import AnswerSampling, generate_answers  # noqa: E402
-from rlhf.models import load_causal_lm, load_tokenizer  # noqa: E402
+from annotate.importers import read_prompts
+from bench.machine import describe_machine, machine_line
+from rlhf.generate import AnswerSampling, generate_answers
+from rlhf.models import load_causal_lm, load_tokenizer
 
 EVERYDAY_PROMPTS = [
     "What is the capital of France?",
@@ -65,6 +66,8 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    machine = describe_machine()
+    print(machine_line(machine), flush=True)
     prompts = EVERYDAY_PROMPTS if args.prompts == "everyday" else read_prompts(args.prompts)[:args.n_prompts]
     tokenizer = load_tokenizer(args.model)
     model = load_causal_lm(args.model)
@@ -88,6 +91,7 @@ def main() -> None:
             "finished_len_median": ended[len(ended) // 2] if ended else None,
             "tokens_per_s": round(result.stats["gen/tokens_per_s"], 1),
             "generate_s": round(result.stats["time/generate_s"], 1),
+            "machine": machine,
         }), flush=True)
     if args.texts:
         Path(args.texts).write_text(json.dumps(all_answers, indent=1, default=str))

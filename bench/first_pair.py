@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -27,26 +26,19 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from annotate.store import Store  # noqa: E402
-from bench.annotate_load import free_port, wait_until_up  # noqa: E402
+from annotate.store import Store
+from bench.annotate_load import free_port, wait_until_up
+from bench.machine import describe_machine, machine_line
 
 CONVERTED_MODEL = Path("data") / "models" / "SmolLM2-135M-Instruct" / "config.json"
 """Where the app finds the converted default model, relative to its working folder (rlhf.models.DEFAULT_CACHE_DIR;
 not imported, so that this process never loads torch beside the app it measures)."""
 
 
-def cpu_line() -> str:
-    """The CPU model, cores and load averages, for the record."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+def cpu_line(machine: dict) -> str:
+    """The CPU (bench/machine.py) and the load averages, for the record."""
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    return f"CPU: {model}, {os.cpu_count()} cores; load average (1, 5, 15 min): {load}"
+    return f"{machine_line(machine)}; load average (1, 5, 15 min): {load}"
 
 
 def count_pairs(db: Path) -> int:
@@ -80,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("app_args", nargs="*", help="more flags for app.py (after --)")
     args = parser.parse_args(argv)
 
-    print(cpu_line(), file=sys.stderr)
+    machine = describe_machine(with_torch=False)  # no torch in this process beside the app it measures
+    print(cpu_line(machine), file=sys.stderr)
     load_before = os.getloadavg()
     workdir = tempfile.TemporaryDirectory(prefix="first-pair-")
     cwd = Path(workdir.name) if args.cold_model else PROJECT_ROOT
@@ -141,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": [round(value, 2) for value in load_before],
         "load_after": [round(value, 2) for value in load_after],
         "app_args": args.app_args,
+        "machine": machine,
     }
     print(f"page after {page_s:.1f} s, first pair after {summary['seconds_to_first_pair']} s "
           f"({summary['first_pair_after_page_s']} s after the page), {pairs_at_watch} pairs {args.watch_s:.0f} s "

@@ -24,15 +24,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from annotate.importers import read_prompts  # noqa: E402
-from annotate.policy_pairs import policy_answers  # noqa: E402
-from annotate.simulate import resolve_judge, resolve_score  # noqa: E402
-from commands.config import load_config  # noqa: E402
-from commands.round import head_to_head, mean_score, repeat_each  # noqa: E402
-from rlhf.models import resolve_model_path  # noqa: E402
-from rlhf.ppo.train import train_ppo  # noqa: E402
+from annotate.importers import read_prompts
+from annotate.policy_pairs import policy_answers
+from annotate.simulate import resolve_judge, resolve_score
+from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
+from commands.config import load_config
+from commands.round import head_to_head, mean_score, repeat_each
+from rlhf.models import resolve_model_path
+from rlhf.ppo.train import train_ppo
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", default="data/cache/ppo-judge-policy", help="where the new policy is saved")
+    add_bf16_flag(parser)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -57,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     judge = resolve_judge(args.annotator)
     config = load_config(None, args.set)
     ppo = replace(config.ppo, steps=args.steps)
+    machine = describe_machine()
+    print(machine_line(machine), flush=True)
+    check_bf16(ppo.mixed_precision == "bf16", args.allow_emulated_bf16, machine,
+               fp32_hint="--set ppo.mixed_precision=no")
     sampling = replace(config.sampling, max_new_tokens=ppo.max_new_tokens, seed=args.seed)
 
     prompts = read_prompts(args.prompts)
@@ -80,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "rm_score_by_8_steps": [round(sum(m["ppo/score"] for m in w) / len(w), 4) for w in windows],
         "kl_last_4": sum(m["ppo/kl"] for m in history[-4:]) / len(history[-4:]),
         "seconds": round(time.perf_counter() - started, 1),
+        "machine": machine,
     }
     print(f"{args.annotator} score {row['first_score']:.4f} -> {row['score']:.4f}; answers scored above 0 "
           f"{row['first_scored']:.1%} -> {row['scored']:.1%}; win rate {row['win_rate']:.1%} ({row['wins']} / "

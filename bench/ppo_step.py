@@ -24,17 +24,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere: the repository root first
 
-import torch  # noqa: E402
+import torch
 
-from rlhf.models import load_tokenizer, resolve_model_path  # noqa: E402
-from rlhf.ppo.trainer import PPOConfig  # noqa: E402
-from rlhf.ppo.train import build_ppo_trainer  # noqa: E402
-from rlhf.reward.model import RewardModel  # noqa: E402
-from rlhf.reward.strategies import parse_feature  # noqa: E402
+from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
+from rlhf.models import load_tokenizer, resolve_model_path
+from rlhf.ppo.train import build_ppo_trainer
+from rlhf.ppo.trainer import PPOConfig
+from rlhf.reward.model import RewardModel
+from rlhf.reward.strategies import parse_feature
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_prompts import PROMPTS  # noqa: E402
-
+from bench_prompts import PROMPTS
 
 
 def peak_rss_mb() -> float:
@@ -60,11 +60,15 @@ def main(argv: list[str] | None = None) -> dict:
                              "value model) or the round's default mean@2 (2 layers, mean over the answer)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    add_bf16_flag(parser)
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be at least 2: the first step is not counted")
     if args.threads:
         torch.set_num_threads(args.threads)
+    machine = describe_machine()
+    print(machine_line(machine), flush=True)
+    check_bf16(args.mixed_precision == "bf16", args.allow_emulated_bf16, machine, fp32_hint="--mixed-precision no")
 
     config = PPOConfig(batch_size=args.batch_size, mini_batch_size=args.batch_size, ppo_epochs=1,
                        max_new_tokens=args.max_new_tokens,
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if torch.cuda.is_available():
         figures["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    figures["machine"] = machine
     print(json.dumps(figures))
     return figures
 

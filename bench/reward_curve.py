@@ -29,13 +29,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from annotate.simulate import resolve_judge  # noqa: E402
-from bench.curve_data import CACHE_DIR, answers_cache_path, read_answers  # noqa: E402
-from rlhf.reward import bt_head  # noqa: E402
-from rlhf.reward.active import candidate_pairs, select_pairs  # noqa: E402
-from rlhf.reward.strategies import FeatureExtractor, StrategyConfig, VotesConfig, fit_feature_heads  # noqa: E402
+from annotate.simulate import resolve_judge
+from bench.curve_data import CACHE_DIR, answers_cache_path, read_answers
+from bench.machine import describe_machine, machine_line
+from rlhf.reward import bt_head
+from rlhf.reward.active import candidate_pairs, select_pairs
+from rlhf.reward.strategies import (
+    FeatureExtractor,
+    StrategyConfig,
+    VotesConfig,
+    fit_feature_heads,
+)
 
 FEATURES = ("last@-1", "mean@-1", *(f"mean@{layer}" for layer in range(30)))
 """Cached for every answer (one forward pass gives them all). SmolLM2-135M has 30 layers: hidden_states[0] is the
@@ -187,6 +193,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (one thread each)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    machine = describe_machine()
+    print(machine_line(machine), flush=True)
     rows = pooled_answers(args.per_prompt, args.max_new_tokens, [int(s) for s in args.answer_seeds.split(",")])
     if not rows:
         print(f"No cached answers for seeds {args.answer_seeds}: run python bench/curve_data.py --max-new-tokens "
@@ -232,7 +240,7 @@ def main() -> int:
                       "curve_std": {s: {n: round(v["std"], 4) for n, v in c.items()} for s, c in curve.items()},
                       "shown_random": {n: round(v["mean"], 4) for n, v in arms["random"].items()},
                       "shown_active": {n: round(v["mean"], 4) for n, v in arms["active"].items()},
-                      "seconds": round(time.perf_counter() - started, 1)}))
+                      "seconds": round(time.perf_counter() - started, 1), "machine": machine}))
     return 0
 
 

@@ -19,10 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere: the repository root first
 
-import torch  # noqa: E402
+import torch
 
-from bench.synthetic_prefs import synthetic_preferences  # noqa: E402
-from rlhf.reward.train import RewardTrainConfig, train_reward_model  # noqa: E402
+from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
+from bench.synthetic_prefs import synthetic_preferences
+from rlhf.reward.train import RewardTrainConfig, train_reward_model
 
 
 def peak_rss_mb() -> float:
@@ -48,9 +49,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the data and training (default 0); the split follows the prompts")
+    add_bf16_flag(parser)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    machine = describe_machine()
+    print(machine_line(machine), flush=True)
+    check_bf16(args.mixed_precision == "bf16", args.allow_emulated_bf16, machine, fp32_hint="--mixed-precision no")
 
     pairs = synthetic_preferences(args.pairs, seed=args.seed)
     config = RewardTrainConfig(
@@ -89,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("\nreward-model training")
     for key, value in figures.items():
         print(f"  {key:<{width}}  {value}")
+    figures["machine"] = machine
     print(json.dumps(figures))
     return figures
 

@@ -19,8 +19,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from annotate.simulate import polite  # noqa: E402
-from rlhf.reward.data import PreferencePair  # noqa: E402
+from annotate.simulate import polite
+from rlhf.reward.data import PreferencePair
 
 SHIPPED_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts.jsonl"
 
@@ -84,8 +84,8 @@ def synthetic_preferences(n_pairs: int, seed: int = 0, prompts: list[str] | None
 def write_jsonl(pairs: list[PreferencePair], path: Path) -> Path:
     """Pairs as JSON Lines with TRL's columns prompt, chosen, rejected."""
     with open(path, "w", encoding="utf-8") as out:
-        for pair in pairs:
-            out.write(json.dumps({"prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected}) + "\n")
+        out.writelines(json.dumps({"prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected}) + "\n"
+                       for pair in pairs)
     return path
 
 
