@@ -1,0 +1,204 @@
+"""Tokens per second of our generation path against plain `model.generate`, side by side in one run.
+
+    python bench/generate.py                     # batch 1, 8, 16 x 64, 256 new tokens x fp32, bf16; one thread
+    python bench/generate.py --quick             # batch 16, 64 new tokens, fp32 only
+    python bench/generate.py --batch-sizes 16 --new-tokens 64 --dtypes fp32 bf16 --threads 2 --repeats 3
+
+Ours is `rlhf.generate.generate_answers` (one answer a prompt, the whole batch in one call), whatever is inside it
+today. Plain is what that path did until issue 19: one `generate_with` call (transformers' `generate`, sampling
+settings only) on the same left-padded prompts, with the same sampling (AnswerSampling's defaults: temperature 0.7,
+top-p 0.95, repetition penalty 1.1 on the answer's tokens) and the same seed. Both count the generated tokens up to
+and including each answer's first EOS, over the wall time of the call. Prompts are bench/bench_prompts.py's, the
+default model's chat template applied.
+
+Each cell of the grid runs once on each side to warm up, then --repeats measured calls a side (alternating which
+side goes first), and keeps each side's best. bf16 is the model cast with `.to(torch.bfloat16)`; where the hardware
+would emulate bf16 (bench/machine.py) the default grid leaves it out and says why, `--dtypes bf16` is refused, and
+`--allow-emulated-bf16` runs it anyway. Prints the machine, one table row per cell, then ONE JSON line with every
+cell, the machine and `speedup_b16_t64`: ours over plain at batch 16, 64 new tokens, the default precision
+(`rlhf.models.default_dtype`: bf16 on a GPU or a CPU with bf16 arithmetic, else fp32; when that precision is not in
+the grid, the fp32 cell, as `speedup_b16_t64_dtype` says).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere: the repository root first
+
+import torch
+from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+from bench.bench_prompts import PROMPTS
+from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
+from rlhf.generate import (
+    encode_prompt,
+    eos_token_ids,
+    generate_answers,
+    pad_sequences,
+    response_mask_until_eos,
+)
+from rlhf.generation_config import generate_with, neutral_generation_config
+from rlhf.models import (
+    default_dtype,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_model_path,
+)
+from rlhf.sampling import AnswerSampling
+
+DTYPE_NAMES = ("fp32", "bf16")
+
+
+def cell_figures(batch_size: int, new_tokens: int, dtype: str, ours: tuple[int, float], plain: tuple[int, float]) -> dict:
+    """One cell of the grid from (tokens, seconds) of each side: tokens/s of each and the speed-up ours/plain."""
+    ours_rate = ours[0] / ours[1] if ours[1] > 0 else 0.0
+    plain_rate = plain[0] / plain[1] if plain[1] > 0 else 0.0
+    return {
+        "batch_size": batch_size, "new_tokens": new_tokens, "dtype": dtype,
+        "ours_tokens": ours[0], "ours_s": round(ours[1], 3), "ours_tokens_per_s": round(ours_rate, 2),
+        "plain_tokens": plain[0], "plain_s": round(plain[1], 3), "plain_tokens_per_s": round(plain_rate, 2),
+        "speedup": round(ours_rate / plain_rate, 3) if plain_rate > 0 else None,
+    }
+
+
+TABLE_HEADER = f"{'batch':>5} {'new tok':>7} {'dtype':>5} {'ours tok/s':>11} {'plain tok/s':>12} {'speed-up':>9}"
+
+
+def table_row(cell: dict) -> str:
+    speedup = "-" if cell["speedup"] is None else f"{cell['speedup']:.2f}x"
+    return (f"{cell['batch_size']:>5} {cell['new_tokens']:>7} {cell['dtype']:>5} {cell['ours_tokens_per_s']:>11.1f} "
+            f"{cell['plain_tokens_per_s']:>12.1f} {speedup:>9}")
+
+
+def headline(cells: list[dict], default_dtype: str) -> tuple[float | None, str | None]:
+    """ours/plain at batch 16 and 64 new tokens in the default precision (the fp32 cell when that is not measured),
+    and the precision it comes from."""
+    at = {cell["dtype"]: cell for cell in cells if (cell["batch_size"], cell["new_tokens"]) == (16, 64)}
+    for dtype in (default_dtype, "fp32"):
+        if dtype in at:
+            return at[dtype]["speedup"], dtype
+    return None, None
+
+
+def summarize(cells: list[dict], machine: dict, default_dtype: str, settings: dict, skipped: list[str]) -> dict:
+    """The final JSON line."""
+    speedup, dtype = headline(cells, default_dtype)
+    return {"bench": "generate", **settings, "default_dtype": default_dtype, "speedup_b16_t64": speedup,
+            "speedup_b16_t64_dtype": dtype, "cells": cells, "skipped": skipped, "machine": machine}
+
+
+def prompts_for(batch_size: int) -> list[str]:
+    return [PROMPTS[i % len(PROMPTS)] for i in range(batch_size)]
+
+
+def run_ours(model, tokenizer, prompts: list[str], new_tokens: int, seed: int) -> tuple[int, float]:
+    """(tokens up to and including each first EOS, seconds) of one `generate_answers` call."""
+    sampling = AnswerSampling(max_new_tokens=new_tokens, batch_size=len(prompts), seed=seed)
+    started = time.perf_counter()
+    result = generate_answers(model, tokenizer, prompts, n_per_prompt=1, sampling=sampling)
+    seconds = time.perf_counter() - started
+    # n_tokens leaves the EOS out; a "stop" answer wrote one more token
+    return sum(a.n_tokens + (a.finish_reason == "stop") for row in result.answers for a in row), seconds
+
+
+def run_plain(model, tokenizer, prompts: list[str], new_tokens: int, seed: int) -> tuple[int, float]:
+    """(tokens up to and including each first EOS, seconds) of one plain `generate` call: our path until issue 19."""
+    sampling = AnswerSampling()
+    eos_ids = eos_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    device = next(model.parameters()).device
+    ids, mask = pad_sequences([encode_prompt(tokenizer, p) for p in prompts], pad_id)  # (B, P) left-padded
+    ids, mask = ids.to(device), mask.to(device)
+    config = neutral_generation_config(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                       max_new_tokens=new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id)
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty,
+                                                                       prompt_ignore_length=ids.shape[1])])
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices), torch.inference_mode():
+        torch.manual_seed(seed)
+        started = time.perf_counter()
+        output = generate_with(model, config, input_ids=ids, attention_mask=mask, logits_processor=processors)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+    response_mask, _ = response_mask_until_eos(output[:, ids.shape[1]:], eos_ids)  # (B, T)
+    return int(response_mask.sum()), seconds
+
+
+def measure_cell(model, tokenizer, batch_size: int, new_tokens: int, repeats: int, seed: int) -> tuple:
+    """One warm-up call a side, then `repeats` measured calls a side, alternating which goes first; each side's
+    best (highest tokens/s) (tokens, seconds)."""
+    prompts = prompts_for(batch_size)
+    sides = {"ours": run_ours, "plain": run_plain}
+    for run in sides.values():
+        run(model, tokenizer, prompts, new_tokens, seed)
+    best: dict[str, tuple[int, float]] = {}
+    for repeat in range(repeats):
+        for name in (("ours", "plain") if repeat % 2 == 0 else ("plain", "ours")):
+            tokens, seconds = sides[name](model, tokenizer, prompts, new_tokens, seed)
+            if name not in best or tokens / seconds > best[name][0] / best[name][1]:
+                best[name] = (tokens, seconds)
+    return best["ours"], best["plain"]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="default", help="a model name or folder (default: the default model)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="prompts a call (default 1 8 16)")
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=None, help="max new tokens (default 64 256)")
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPE_NAMES, default=None,
+                        help="model precisions (default fp32 bf16, bf16 left out where the hardware emulates it)")
+    parser.add_argument("--quick", action="store_true", help="batch 16, 64 new tokens, fp32 only")
+    parser.add_argument("--repeats", type=int, default=1, help="measured calls a side per cell, best kept (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed of every call (default 0)")
+    add_bf16_flag(parser)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    quick = ([16], [64], ["fp32"]) if args.quick else (None, None, None)
+    batch_sizes = args.batch_sizes or quick[0] or [1, 8, 16]
+    new_tokens = args.new_tokens or quick[1] or [64, 256]
+    dtypes = list(dict.fromkeys(args.dtypes or quick[2] or DTYPE_NAMES))
+
+    torch.set_num_threads(args.threads)
+    machine = describe_machine()
+    print(machine_line(machine), flush=True)
+    skipped = []
+    if "bf16" in dtypes and not machine["bf16_native"]:
+        if args.dtypes is None and not args.allow_emulated_bf16:  # the default grid: leave it out, say why
+            dtypes.remove("bf16")
+            skipped.append("bf16: the hardware would emulate it (pass --allow-emulated-bf16 to measure it anyway)")
+            print(f"skipping {skipped[-1]}", flush=True)
+        else:
+            check_bf16(True, args.allow_emulated_bf16, machine, fp32_hint="--dtypes fp32")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    default = "bf16" if default_dtype(device) == torch.bfloat16 else "fp32"
+
+    path = resolve_model_path(args.model)
+    tokenizer = load_tokenizer(path)
+    model = load_causal_lm(path, tokenizer=tokenizer).to(device)
+    cells = []
+    print(TABLE_HEADER, flush=True)
+    for dtype in sorted(dtypes, key=DTYPE_NAMES.index):  # fp32 first: the bf16 cast is one way
+        if dtype == "bf16":
+            model = model.to(torch.bfloat16)
+        for batch_size in batch_sizes:
+            for tokens in new_tokens:
+                ours, plain = measure_cell(model, tokenizer, batch_size, tokens, args.repeats, args.seed)
+                cells.append(cell_figures(batch_size, tokens, dtype, ours, plain))
+                print(table_row(cells[-1]), flush=True)
+    settings = {"model": args.model, "device": str(device), "threads": torch.get_num_threads(),
+                "repeats": args.repeats, "seed": args.seed}
+    summary = summarize(cells, machine, default, settings, skipped)
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
