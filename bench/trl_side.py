@@ -9,7 +9,8 @@ only torch, transformers, datasets and trl, never the project. compare_trl.py la
 
 PPO: `trl.experimental.ppo.PPOTrainer` with the policy and the reference as separate copies, reward and
 value models `AutoModelForSequenceClassification(num_labels=1)` from the same checkpoint, one PPO epoch,
-one mini-batch, no stop token (every answer is --max-new-tokens long), fp32 on the CPU. step_s is the
+one mini-batch, no stop token (every answer is --max-new-tokens long), fp32 on the CPU, or with --bf16 TRL's
+`bf16=True` (accelerate's bf16 autocast; the weights stay fp32, as ours). step_s is the
 median time between the ends of successive steps, the first step not counted (as bench/ppo_step.py).
 Reward: `trl.RewardTrainer` on conversational pairs (the chat template applies, as in rlhf-loop),
 pairs_per_s is TRL's own train_samples_per_second, heldout_accuracy its eval accuracy on --heldout.
@@ -25,17 +26,22 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
-from transformers import (  # noqa: E402
-    AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback,
+import torch
+from datasets import Dataset
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    TrainerCallback,
 )
 
+# the same prompts, in the same order, as bench/ppo_step.py
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_prompts import PROMPTS  # noqa: E402  (the same prompts, in the same order, as bench/ppo_step.py)
+from bench_prompts import PROMPTS
 
 
 def peak_rss_mb() -> float:
@@ -95,7 +101,7 @@ def run_ppo(args) -> dict:
             response_length=args.max_new_tokens, stop_token=None, missing_eos_penalty=None,
             total_episodes=args.batch_size * args.steps, temperature=0.7, learning_rate=1e-6,
             num_sample_generations=0, report_to="none", save_strategy="no", use_cpu=not torch.cuda.is_available(),
-            bf16=False, fp16=False, seed=args.seed, logging_steps=1, dataloader_drop_last=True,
+            bf16=args.bf16, fp16=False, seed=args.seed, logging_steps=1, dataloader_drop_last=True,
         )
         trainer = PPOTrainer(args=config, processing_class=tokenizer, model=policy, ref_model=reference,
                              reward_model=reward, train_dataset=dataset, value_model=value, callbacks=[clock])
@@ -104,6 +110,7 @@ def run_ppo(args) -> dict:
     measured = clock.steps[1:] or clock.steps
     return {
         "bench": "trl_ppo_step", "trl": _trl_version(), "model": args.model, "threads": torch.get_num_threads(),
+        "bf16": args.bf16,
         "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "measured_steps": len(measured),
         "step_s": round(statistics.median(measured), 3), "step_s_min": round(min(measured), 3), "load_s": round(load_s, 1),
         "peak_rss_mb": round(peak_rss_mb(), 1),
@@ -111,7 +118,7 @@ def run_ppo(args) -> dict:
 
 
 def _conversational(path: str) -> Dataset:
-    rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     return Dataset.from_list([{
         "prompt": [{"role": "user", "content": row["prompt"]}],
         "chosen": [{"role": "assistant", "content": row["chosen"]}],
@@ -130,7 +137,7 @@ def run_reward(args) -> dict:
         config = RewardConfig(
             output_dir=out_dir, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
             max_length=args.max_length, learning_rate=args.lr, num_train_epochs=1, max_steps=args.steps or -1,
-            report_to="none", save_strategy="no", use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
+            report_to="none", save_strategy="no", use_cpu=not torch.cuda.is_available(), bf16=args.bf16, fp16=False,
             seed=args.seed, logging_steps=1, eval_strategy="no",
         )
         trainer = RewardTrainer(model=model, args=config, processing_class=tokenizer, train_dataset=train,
@@ -140,6 +147,7 @@ def run_reward(args) -> dict:
         evaluated = next(entry for entry in reversed(trainer.state.log_history) if "eval_accuracy" in entry)
     return {
         "bench": "trl_reward_train", "trl": _trl_version(), "model": args.model, "threads": torch.get_num_threads(),
+        "bf16": args.bf16,
         "batch_size": args.batch_size, "max_length": args.max_length, "n_train": len(train), "n_heldout": len(heldout),
         "steps": trained.global_step, "pairs_per_s": round(trained.metrics["train_samples_per_second"], 3),
         "train_s": round(trained.metrics["train_runtime"], 1), "peak_rss_mb": round(peak_rss_mb(), 1),
@@ -165,6 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--bf16", action="store_true", help="TRL's bf16=True: bf16 autocast, fp32 weights")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.threads:
