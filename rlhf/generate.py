@@ -29,10 +29,8 @@ from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
-from transformers import GenerationConfig
-from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, StoppingCriteria, StoppingCriteriaList
 
-from rlhf.generation_config import generate_with, neutral_generation_config
+from rlhf.decode import Decoding, decode
 from rlhf.models import fit_prompts, format_prompt, prompt_budget
 from rlhf.sampling import AnswerSampling
 
@@ -141,73 +139,35 @@ def response_mask_until_eos(response_ids: torch.Tensor, eos_ids: list[int]) -> t
     return (eos_before == 0).long(), is_eos.any(dim=1)
 
 
-def _answer_config(sampling: AnswerSampling, eos_ids: list[int], pad_id: int) -> GenerationConfig:
-    """[sampling]'s settings and nothing else: every other processor neutral (rlhf.generation_config), top_k 0 off
-    (left unset, transformers would fill in the model's top_k or its own default of 50). The repetition penalty is
-    passed as a processor of its own (generate_tokens), which counts the answer's tokens only."""
-    if sampling.greedy:
-        return neutral_generation_config(do_sample=False, max_new_tokens=sampling.max_new_tokens,
-                                         eos_token_id=eos_ids, pad_token_id=pad_id)
-    return neutral_generation_config(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                     top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens,
-                                     eos_token_id=eos_ids, pad_token_id=pad_id)
-
-
-class _RowEnds(StoppingCriteria):
-    """Stops nothing: after every decoding step, hands each row that has just written its first EOS to a callback, so
-    an answer is known the moment it ends rather than when the longest row of its batch does, and tells `on_step` the
-    step's number (1 after the first new token). Consumes no random numbers: the sampled tokens are the same with it
-    as without."""
-
-    def __init__(self, prompt_width: int, eos_ids: list[int], on_row_end: RowEndCallback | None,
-                 on_step: Callable[[int], None] | None = None):
-        self.prompt_width, self.on_row_end, self.on_step = prompt_width, on_row_end, on_step
-        self.eos_ids = torch.tensor(eos_ids)
-        self.ended: set[int] = set()
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        if self.on_row_end is not None:
-            newest = input_ids[:, -1]  # (B,)
-            for row in torch.isin(newest, self.eos_ids.to(newest.device)).nonzero().flatten().tolist():
-                if row not in self.ended:  # later tokens of an ended row are padding, which may be the EOS token
-                    self.ended.add(row)
-                    self.on_row_end(row, input_ids[row, self.prompt_width:-1])
-        if self.on_step is not None:
-            self.on_step(input_ids.shape[1] - self.prompt_width)
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+def answer_decoding(sampling: AnswerSampling, eos_ids: list[int], pad_id: int) -> Decoding:
+    """[sampling]'s settings and nothing else (nothing from the model's generation_config.json): top_k 0 is off,
+    the repetition penalty counts the answer's tokens only."""
+    return Decoding(max_new_tokens=sampling.max_new_tokens, eos_ids=tuple(eos_ids), pad_id=pad_id,
+                    temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                    repetition_penalty=float(sampling.repetition_penalty))
 
 
 @torch.no_grad()
 def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], sampling: AnswerSampling,
                     on_row_end: RowEndCallback | None = None,
-                    on_step: Callable[[int], None] | None = None) -> TokenBatch:
-    """Generate one response per prompt in a single left-padded batch (no seeding here: see generate_answers).
-    `on_row_end(row, tokens)` is called during decoding as each row ends with EOS, `on_step(step)` after each step
-    (see `_RowEnds`).
+                    on_step: Callable[[int], None] | None = None, n_per_prompt: int = 1) -> TokenBatch:
+    """Generate `n_per_prompt` responses per prompt in one left-padded batch (rlhf.decode; no seeding here: see
+    generate_answers); rows i*n ... i*n + n-1 answer prompt i, and share its KV. `on_row_end(row, tokens)` is called
+    during decoding as each row ends with EOS, `on_step(step)` after each step.
 
     no_grad rather than inference_mode: PPO feeds these tensors to forward passes that build a graph, which
     inference tensors refuse. generate_answers, which only decodes, runs under inference_mode.
     """
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    prompt_ids, prompt_mask = pad_sequences(prompt_token_ids, pad_id)  # (B, P), (B, P) left-padded
+    prompt_ids, prompt_mask = pad_sequences(prompt_token_ids, pad_id)  # (Bp, P), (Bp, P) left-padded
     device = next(model.parameters()).device
-    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
-    processors = LogitsProcessorList()
-    if sampling.repetition_penalty != 1.0:
-        # Left padding puts every prompt in the first P columns, so ignoring P tokens ignores exactly the prompts.
-        processors.append(RepetitionPenaltyLogitsProcessor(float(sampling.repetition_penalty),
-                                                           prompt_ignore_length=prompt_ids.shape[1]))
-    stopping = StoppingCriteriaList()
-    if on_row_end is not None or on_step is not None:
-        stopping.append(_RowEnds(prompt_ids.shape[1], eos_ids, on_row_end, on_step))
-    output = generate_with(  # nothing of the model's own generation_config.json: [sampling] alone
-        model, _answer_config(sampling, eos_ids, pad_id), input_ids=prompt_ids, attention_mask=prompt_mask,
-        logits_processor=processors, stopping_criteria=stopping,
-    )
-    response_ids = output[:, prompt_ids.shape[1]:]  # (B, T), T <= max_new_tokens
-    response_mask, ended = response_mask_until_eos(response_ids, eos_ids)  # (B, T), (B,)
-    return TokenBatch(prompt_ids, prompt_mask, response_ids, response_mask, ended)
+    decoded = decode(model, prompt_ids.to(device), prompt_mask.to(device), answer_decoding(sampling, eos_ids, pad_id),
+                     n_per_prompt, on_row_end=on_row_end, on_step=on_step)
+    response_mask, _ = response_mask_until_eos(decoded.response, eos_ids)  # (B, T)
+    rows = torch.arange(len(prompt_token_ids), device=device).repeat_interleave(n_per_prompt)  # (B,)
+    return TokenBatch(prompt_ids.to(device)[rows], prompt_mask.to(device)[rows], decoded.response, response_mask,
+                      decoded.ended)
 
 
 def decode_answer(tokenizer, tokens: list[int], ended: bool) -> Answer:
@@ -238,10 +198,10 @@ def generate_answers(
     on_answer: AnswerCallback | None = None,
     steps: ProgressCallback | None = None,
 ) -> GeneratedAnswers:
-    """Sample `n_per_prompt` whole answers for every prompt, in batches of `sampling.batch_size` sequences.
+    """Sample `n_per_prompt` whole answers for every prompt, in batches of about `sampling.batch_size` sequences:
+    batch_size // n_per_prompt prompts (at least one), whose KV is computed once for all their answers.
 
-    Sequences are grouped by prompt length so that batches carry little padding; the result keeps the prompts'
-    order. The model is switched to eval mode (no dropout) and back afterwards. Each answer is handed to
+    Prompts are grouped by length so that batches carry little padding; the result keeps the prompts' order. The model is switched to eval mode (no dropout) and back afterwards. Each answer is handed to
     `on_answer(prompt_index, sample_index, answer)` and counted in `progress(done, total)` as soon as it is finished:
     during decoding when it ends with EOS, at the end of its batch when it reaches max_new_tokens.
     `steps(step, max_new_tokens)` follows each decoding step of the batch being generated (a batch ends at EOS in
@@ -255,14 +215,15 @@ def generate_answers(
     encoded = [encode_prompt(tokenizer, prompt) for prompt in prompts]
     # before any answer: refuse a max_new_tokens the context cannot hold, cut prompts that would overflow it
     encoded = fit_prompts(encoded, prompt_budget(model.config, sampling.max_new_tokens))
-    jobs = [(i, j) for i in range(len(prompts)) for j in range(n_per_prompt)]  # (prompt index, sample index)
-    jobs.sort(key=lambda job: len(encoded[job[0]]))
+    order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))  # similar lengths together: little padding
+    per_batch = max(1, sampling.batch_size // n_per_prompt)  # prompts a batch; each gives n_per_prompt rows
+    total = len(prompts) * n_per_prompt
     results: list[list[Answer | None]] = [[None] * n_per_prompt for _ in prompts]
 
     was_training = model.training
     model.eval()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    bar = tqdm(total=len(jobs), desc="generating answers", unit="answer", disable=not show_bar)
+    bar = tqdm(total=total, desc="generating answers", unit="answer", disable=not show_bar)
     generated_tokens, started, finished = 0, time.perf_counter(), 0
 
     def finish(job: tuple[int, int], answer: Answer) -> None:
@@ -272,14 +233,14 @@ def generate_answers(
         if on_answer is not None:
             on_answer(job[0], job[1], answer)
         if progress is not None:
-            progress(finished, len(jobs))
+            progress(finished, total)
 
     try:
         with torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None):
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
-            for start in range(0, len(jobs), sampling.batch_size):
-                chunk = jobs[start:start + sampling.batch_size]
+            for start in range(0, len(order), per_batch):
+                chunk = [(i, j) for i in order[start:start + per_batch] for j in range(n_per_prompt)]  # row -> job
                 early: set[int] = set()
 
                 def row_end(row: int, tokens: torch.Tensor, chunk=chunk, early=early) -> None:
@@ -288,8 +249,9 @@ def generate_answers(
 
                 watch = on_answer is not None or progress is not None or show_bar
                 on_step = None if steps is None else (lambda step: steps(step, sampling.max_new_tokens))
-                batch = generate_tokens(model, tokenizer, [encoded[i] for i, _ in chunk], sampling,
-                                        on_row_end=row_end if watch else None, on_step=on_step)
+                batch = generate_tokens(model, tokenizer, [encoded[i] for i in order[start:start + per_batch]],
+                                        sampling, on_row_end=row_end if watch else None, on_step=on_step,
+                                        n_per_prompt=n_per_prompt)
                 for row, ((i, j), answer) in enumerate(zip(chunk, decode_answers(tokenizer, batch))):
                     results[i][j] = answer
                     if row not in early:

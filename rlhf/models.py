@@ -8,6 +8,7 @@ safetensors folder under `data/models/`, which later loads in a second or two.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import shutil
 import sys
@@ -269,6 +270,13 @@ def fit_prompts(prompt_ids: list[list[int]], budget: int | None) -> list[list[in
         print(f"{cut} of {len(prompt_ids)} prompts are longer than the {budget} tokens the model's context leaves "
               "them: they lose their start.", file=sys.stderr, flush=True)
     return [ids[-budget:] for ids in prompt_ids]
+
+
+def cache_argument(model) -> str:
+    """The name of a causal LM's KV-cache argument: transformers 5 calls it `cache`, 4.x `past_key_values`
+    (a peft model forwards it to its base model, whose signature says)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, padding_side: str = "left"):

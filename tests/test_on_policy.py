@@ -3,7 +3,6 @@ own generation_config ships and whatever [ppo] sets (temperature, top-k, top-p, 
 
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 
@@ -18,10 +17,10 @@ from transformers.generation.logits_process import (
 )
 
 from rlhf.generate import encode_prompt, response_mask_until_eos
-from rlhf.generation_config import generate_with, model_generation_config_ignored
+from rlhf.decode import decode
 from rlhf.models import load_causal_lm
 from rlhf.ppo.config import PPOConfig
-from rlhf.ppo.experience import response_log_probs, sampling_config
+from rlhf.ppo.experience import response_log_probs
 from rlhf.ppo.trainer import PPOTrainer
 from rlhf.warping import Warping, min_new_tokens_removed, top_k_removed, top_p_removed, warp_logits
 from rlhf.reward.model import RewardModel
@@ -134,15 +133,19 @@ def shipping(model, settings: dict):
 
 
 @pytest.mark.parametrize("shipped", list(SHIPPED))
-def test_a_models_own_generation_config_adds_no_logits_processor(tiny_model_dir, tokenizer, shipped):
-    model = shipping(load_causal_lm(tiny_model_dir), SHIPPED[shipped])
-    config = sampling_config(tokenizer, Warping(temperature=0.7, eos_ids=(tokenizer.eos_token_id,)), 8)
-    with model_generation_config_ignored(model):
-        prepared, _ = model._prepare_generation_config(config)
-    processors = model._get_logits_processor(prepared, input_ids_seq_length=5, device="cpu", model_kwargs={})
-    assert [type(p).__name__ for p in processors] == ["TemperatureLogitsWarper"]
+def test_a_models_own_generation_config_changes_nothing_sampled(narrow_model_dir, module_tokenizer, shipped):
+    tokenizer = module_tokenizer
+    config = PPOConfig(max_new_tokens=8, temperature=0.7, seed=3, mixed_precision="no")
+    draws = []
+    for settings in ({}, SHIPPED[shipped]):
+        model = shipping(load_causal_lm(narrow_model_dir).eval(), settings)
+        critic = RewardModel.from_causal_lm(narrow_model_dir)
+        trainer = PPOTrainer(model, critic, tokenizer, config, reward_model=critic, reference=model)
+        torch.manual_seed(0)
+        draws.append(trainer.generate(PROMPTS)[0])
+    assert torch.equal(draws[0], draws[1])
     key, value = next(iter(SHIPPED[shipped].items()))
-    assert getattr(model.generation_config, key) == value  # the model's own file is back after the call
+    assert getattr(model.generation_config, key) == value  # the model's own file is left as it was
 
 
 @pytest.fixture(scope="module")
@@ -189,26 +192,23 @@ def test_log_probs_recorded_while_sampling_equal_the_trainers(narrow_model_dir, 
     trainer = PPOTrainer(model, critic, tokenizer, config, reward_model=critic,
                          reference=shipping(load_causal_lm(narrow_model_dir), shipped))
     batch = trainer.encode_prompts(PROMPTS)
-    recording = copy.deepcopy(trainer.generation_config)  # the trainer's settings, with the scores kept
-    recording.output_scores, recording.return_dict_in_generate = True, True
     with torch.no_grad():
         torch.manual_seed(0)
-        out = generate_with(model, recording, **batch)
-        width = len(out.scores)
-        chosen = out.sequences[:, -width:]  # (B, T)
-        # scores: the logits after every processor, what each token was drawn from
-        sampled_from = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+        decoded = decode(model, batch["input_ids"], batch["attention_mask"], trainer.decoding, with_log_probs=True)
+        chosen, width = decoded.response, decoded.response.shape[1]  # (B, T)
+        sampled_from = decoded.log_probs  # (B, T): each token's log-prob under what it was drawn from
+        sequences = torch.cat([batch["input_ids"], chosen], dim=1)
         action_mask, _ = response_mask_until_eos(chosen, trainer.eos_ids)
         attention_mask = torch.cat([batch["attention_mask"], action_mask], dim=1)
-        log_probs, _, entropy = trainer.trainable_forward(out.sequences, attention_mask, width)
-        reference = trainer.reference_log_probs(out.sequences, attention_mask, width)
+        log_probs, _, entropy = trainer.trainable_forward(sequences, attention_mask, width)
+        reference = trainer.reference_log_probs(sequences, attention_mask, width)
     real = action_mask.bool()
     assert (log_probs - sampled_from)[real].abs().max().item() < 1e-5
     assert torch.allclose(reference, log_probs, atol=1e-6)  # actor == reference: no KL
     assert torch.isfinite(log_probs).all() and torch.isfinite(entropy).all()  # padding after EOS too
     # the case has teeth: the log-probs the trainer took before (softmax(logits / T) alone) are of another distribution
     if ppo:
-        tempered, _ = response_log_probs(model, out.sequences, attention_mask, width, warping=Warping(temperature=0.7))
+        tempered, _ = response_log_probs(model, sequences, attention_mask, width, warping=Warping(temperature=0.7))
         assert (tempered - sampled_from)[real].abs().max().item() > 1e-3
     # and so is what generate() sampled from before, with the fields it left unset filled from the model's file
     if set(shipped) & {"repetition_penalty", "no_repeat_ngram_size", "min_p"}:

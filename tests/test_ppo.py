@@ -14,6 +14,7 @@ from annotate.store import Store
 from rlhf.losses import actor_loss, critic_loss
 from rlhf.models import format_prompt, load_causal_lm, load_tokenizer, resolve_model_path
 from rlhf.ppo.trainer import PPOConfig, PPOTrainer
+from rlhf.decode import decode
 from rlhf.generate import response_mask_until_eos
 from rlhf.ppo.experience import position_ids_from_mask, response_log_probs
 from rlhf.warping import Warping
@@ -101,6 +102,13 @@ def learning_trainer(path, tokenizer, **overrides) -> PPOTrainer:
                       reference=load_causal_lm(path))
 
 
+def favour_eos(model, eos: int, bias: float = 8.0) -> None:
+    """Adds `bias` to EOS's logit at every position (the tiny model is near-uniform over 49k tokens, so its answers
+    would otherwise never end); sampling and scoring both see it."""
+    model.get_output_embeddings().register_forward_hook(lambda _module, _inputs, logits: logits.index_add(
+        -1, torch.tensor([eos]), torch.full((*logits.shape[:-1], 1), bias, dtype=logits.dtype)))
+
+
 # ----- masks and alignment -----
 
 
@@ -109,8 +117,7 @@ def test_generation_stops_at_eos_and_masks_what_follows(tiny_model_dir, tokenize
     config = PPOConfig(max_new_tokens=8, min_new_tokens=2, seed=0)
     trainer = PPOTrainer(load_causal_lm(tiny_model_dir), zero_head_critic(tiny_model_dir), tokenizer, config,
                          reward_model=TokenShareReward(torch.tensor([5]), 8), reference=load_causal_lm(tiny_model_dir))
-    # the tiny model is near-uniform over 49k tokens: a bias makes EOS likely once min_new_tokens allows it
-    trainer.generation_config.sequence_bias = {(eos,): 8.0}
+    favour_eos(trainer.unwrapped_actor(), eos)  # likely once min_new_tokens allows it
     sequences, attention_mask, action_mask, ended = trainer.generate(PROMPTS)
     response = sequences[:, -action_mask.shape[1]:]
     assert ended.all()
@@ -149,26 +156,23 @@ def test_response_log_probs_match_each_prefix_computed_alone(tiny_model_dir, tok
 
 
 def test_generation_log_probs_equal_the_scoring_pass(tiny_model_dir, tokenizer):
-    """The distribution generate() sampled from (logits / temperature) gives the trainer's log-probs."""
+    """The distribution the decoder drew from (logits / temperature) gives the trainer's log-probs."""
     config = PPOConfig(max_new_tokens=6, seed=3, temperature=0.7, mixed_precision="no")
     model = load_causal_lm(tiny_model_dir).eval()
     trainer = PPOTrainer(model, zero_head_critic(tiny_model_dir), tokenizer, config,
                          reward_model=TokenShareReward(torch.tensor([5]), 6), reference=load_causal_lm(tiny_model_dir))
     batch = trainer.encode_prompts(PROMPTS)
     with torch.no_grad():
-        out = model.generate(**batch, generation_config=trainer.generation_config, output_scores=True,
-                             return_dict_in_generate=True)
-        width = len(out.scores)
-        chosen = out.sequences[:, -width:]  # (B, T)
-        # scores: the logits after the temperature warper (top-k and top-p are off), what was sampled from
-        sampled_from = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+        decoded = decode(model, batch["input_ids"], batch["attention_mask"], trainer.decoding, with_log_probs=True)
+        chosen, width = decoded.response, decoded.response.shape[1]  # (B, T)
+        sequences = torch.cat([batch["input_ids"], chosen], dim=1)
         action_mask, _ = response_mask_until_eos(chosen, [tokenizer.eos_token_id])
         attention_mask = torch.cat([batch["attention_mask"], action_mask], dim=1)
-        trainer_log_probs, _, _ = trainer.trainable_forward(out.sequences, attention_mask, width)
-        raw, _ = response_log_probs(model, out.sequences, attention_mask, width)
+        trainer_log_probs, _, _ = trainer.trainable_forward(sequences, attention_mask, width)
+        raw, _ = response_log_probs(model, sequences, attention_mask, width)
     real = action_mask.bool()
-    assert torch.allclose(trainer_log_probs[real], sampled_from[real], atol=1e-4)
-    assert not torch.allclose(raw[real], sampled_from[real], atol=1e-2)  # raw logits are another distribution
+    assert torch.allclose(trainer_log_probs[real], decoded.log_probs[real], atol=1e-4)
+    assert not torch.allclose(raw[real], decoded.log_probs[real], atol=1e-2)  # raw logits are another distribution
 
 
 class _FixedLogits(torch.nn.Module):

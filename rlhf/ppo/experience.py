@@ -13,8 +13,8 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import GenerationConfig
 
+from rlhf.decode import Decoding, decode
 from rlhf.generate import position_ids_from_mask, response_mask_until_eos
-from rlhf.generation_config import generate_with, neutral_generation_config
 from rlhf.losses import entropy_from_logits, gather_log_probs
 from rlhf.warping import Warping
 
@@ -62,23 +62,13 @@ class Experience:
         return Experience(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
-def sampling_config(tokenizer, warping: Warping, max_new_tokens: int) -> GenerationConfig:
-    """PPO's generation settings: `warping` (temperature, top-k, top-p, min_new_tokens), every other processor off.
-
-    Built from scratch (rlhf.generation_config), so a model's shipped defaults (repetition penalty, min-p...) never
-    change the distribution sampled: `response_log_probs` with the same `warping` gives its log-probs.
-    """
-    return neutral_generation_config(
-        do_sample=True,
-        temperature=warping.temperature,
-        top_k=warping.top_k,
-        top_p=warping.top_p,
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=warping.min_new_tokens,
-        eos_token_id=list(warping.eos_ids),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
+def rollout_decoding(tokenizer, warping: Warping, max_new_tokens: int) -> Decoding:
+    """PPO's sampling: `warping` (temperature, top-k, top-p, min_new_tokens) and nothing else, so `response_log_probs`
+    with the same `warping` gives the log-probs of the distribution the tokens were drawn from."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else warping.eos_ids[0]
+    return Decoding(max_new_tokens=max_new_tokens, eos_ids=tuple(warping.eos_ids), pad_id=pad_id,
+                    temperature=warping.temperature, top_k=warping.top_k, top_p=warping.top_p,
+                    min_new_tokens=warping.min_new_tokens)
 
 
 def policy_generation_config(tokenizer, warping: Warping) -> GenerationConfig:
@@ -100,19 +90,17 @@ def policy_generation_config(tokenizer, warping: Warping) -> GenerationConfig:
 
 
 def generate_responses(
-    actor, prompt_ids: Tensor, prompt_mask: Tensor, generation_config: GenerationConfig, eos_ids: list[int]
+    actor, prompt_ids: Tensor, prompt_mask: Tensor, decoding: Decoding
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Sample one response per prompt; returns (sequences, attention_mask, action_mask, ended).
+    """Sample one response per prompt (rlhf.decode); returns (sequences, attention_mask, action_mask, ended).
 
-    `actor` is the unwrapped model; call under torch.no_grad (or inference_mode). The response is padded to the
-    longest one in the batch (generation stops when every row has produced EOS or at the limit). Nothing of the
-    actor's own generation_config is used (`generate_with`).
+    `actor` is the unwrapped model; call under torch.no_grad. The response is padded to the longest one in the batch
+    (decoding stops when every row has written EOS or at the limit).
     """
-    sequences = generate_with(actor, generation_config, input_ids=prompt_ids, attention_mask=prompt_mask)  # (B, P+T)
-    response = sequences[:, prompt_ids.shape[1]:]  # (B, T)
-    action_mask, ended = response_mask_until_eos(response, eos_ids)  # (B, T), (B,): cut after the first EOS
+    decoded = decode(actor, prompt_ids, prompt_mask, decoding)
+    action_mask, _ = response_mask_until_eos(decoded.response, list(decoding.eos_ids))  # (B, T): to the first EOS
     attention_mask = torch.cat([prompt_mask.long(), action_mask], dim=1)  # (B, P+T)
-    return sequences, attention_mask, action_mask, ended
+    return torch.cat([prompt_ids, decoded.response], dim=1), attention_mask, action_mask, decoded.ended
 
 
 def response_log_probs(

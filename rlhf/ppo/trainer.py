@@ -40,7 +40,7 @@ from rlhf.ppo.experience import (
     policy_generation_config,
     response_log_probs,
     response_values,
-    sampling_config,
+    rollout_decoding,
     sequence_answer_mask,
 )
 from rlhf.warping import Warping
@@ -81,7 +81,7 @@ class PPOTrainer:
         # one set of sampling settings for generate() and for every log-prob (actor, old, reference)
         self.warping = Warping(config.temperature, config.top_k, config.top_p, config.min_new_tokens,
                                tuple(self.eos_ids))
-        self.generation_config = sampling_config(tokenizer, self.warping, config.max_new_tokens)
+        self.decoding = rollout_decoding(tokenizer, self.warping, config.max_new_tokens)
         lora = config.use_lora
         actor_optimizer = self._optimizer(actor, config.lora_lr if lora else config.actor_lr)
         critic_optimizer = self._optimizer(critic, config.lora_lr if lora else config.critic_lr)
@@ -234,7 +234,7 @@ class PPOTrainer:
         recast_every_step = self.config.use_lora and self.accelerator.device.type == "cpu"
         with torch.no_grad(), contextlib.nullcontext() if recast_every_step else self.accelerator.autocast():
             return generate_responses(self.unwrapped_actor(), batch["input_ids"], batch["attention_mask"],
-                                      self.generation_config, self.eos_ids)
+                                      self.decoding)
 
     def evaluate(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor, ended: Tensor,
                  keep_graph: bool = False) -> tuple[Experience, tuple | None]:

@@ -32,7 +32,7 @@ from transformers import AutoModel, PreTrainedModel
 
 from rlhf.generate import position_ids_from_mask
 from rlhf.losses import last_token_scores, masked_mean
-from rlhf.models import ModelNotFoundError, load_causal_lm, load_tokenizer
+from rlhf.models import ModelNotFoundError, cache_argument, load_causal_lm, load_tokenizer
 
 MARKER_FILE = "reward_model.json"
 HEAD_FILE = "v_head.safetensors"
@@ -254,7 +254,7 @@ class RewardModel(nn.Module):
         hidden = self.backbone(
             input_ids=answer_ids, attention_mask=full_mask,
             position_ids=position_ids_from_mask(full_mask)[:, prompt_len:],
-            use_cache=True, **{self._cache_argument(): cache},
+            use_cache=True, **{cache_argument(self.backbone): cache},
         ).last_hidden_state  # (kN, A, D)
         values = self.v_head(hidden).squeeze(-1)  # (kN, A)
         # the rows are the answers alone: their last real token, or the mean over all of them
@@ -275,11 +275,6 @@ class RewardModel(nn.Module):
         if prompt_ids is None:
             return self.forward_value(input_ids, attention_mask)
         return self.forward_shared_prompt(prompt_ids, prompt_mask, input_ids, attention_mask)
-
-    def _cache_argument(self) -> str:
-        """transformers 5 names the cache argument `cache`; 4.x called it `past_key_values`."""
-        parameters = inspect.signature(self.backbone.forward).parameters
-        return "cache" if "cache" in parameters else "past_key_values"
 
     def freeze_backbone(self) -> None:
         """Train the value head only (a linear probe on the decoder's features)."""
