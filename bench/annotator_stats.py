@@ -62,7 +62,7 @@ def main() -> int:
     if not rows:
         print("No cached answers: run python bench/curve_data.py first.", file=sys.stderr)
         return 2
-    answers = [row["answers"] for row in rows]
+    answers = [list(dict.fromkeys(row["answers"])) for row in rows]  # as the reward curve pools them
     print(f"{len(rows)} prompts x {statistics.fmean(len(a) for a in answers):.1f} answers "
           f"({args.max_new_tokens} new tokens, answer seed {args.answer_seed})")
     print(f"{'annotator':<12}{'pairs':>7}{'ties':>8}{'mean':>9}{'std':>9}{'p10':>9}{'p50':>9}{'p90':>9}"
