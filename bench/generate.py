@@ -2,6 +2,7 @@
 
     python bench/generate.py                     # batch 1, 8, 16 x 64, 256 new tokens x fp32, bf16; one thread
     python bench/generate.py --quick             # batch 16, 64 new tokens, fp32 only
+    python bench/generate.py --quick --per-prompt 2 --ppo   # as pairs are made (2 answers a prompt), and PPO's rollouts
     python bench/generate.py --batch-sizes 16 --new-tokens 64 --dtypes fp32 bf16 --threads 2 --repeats 3
 
 Ours is `rlhf.generate.generate_answers` (one answer a prompt, the whole batch in one call), whatever is inside it
@@ -49,7 +50,10 @@ from rlhf.models import (
     load_tokenizer,
     resolve_model_path,
 )
+from rlhf.ppo.config import PPOConfig
+from rlhf.ppo.experience import generate_responses, rollout_decoding
 from rlhf.sampling import AnswerSampling
+from rlhf.warping import Warping
 
 DTYPE_NAMES = ("fp32", "bf16")
 
@@ -92,21 +96,24 @@ def summarize(cells: list[dict], machine: dict, default_dtype: str, settings: di
             "speedup_b16_t64_dtype": dtype, "cells": cells, "skipped": skipped, "machine": machine}
 
 
-def prompts_for(batch_size: int) -> list[str]:
-    return [PROMPTS[i % len(PROMPTS)] for i in range(batch_size)]
+def prompts_for(batch_size: int, per_prompt: int = 1) -> list[str]:
+    """batch_size rows: batch_size // per_prompt prompts, each `per_prompt` times in a row."""
+    return [PROMPTS[(i // per_prompt) % len(PROMPTS)] for i in range(batch_size)]
 
 
-def run_ours(model, tokenizer, prompts: list[str], new_tokens: int, seed: int) -> tuple[int, float]:
-    """(tokens up to and including each first EOS, seconds) of one `generate_answers` call."""
+def run_ours(model, tokenizer, prompts: list[str], new_tokens: int, seed: int, per_prompt: int = 1) -> tuple[int, float]:
+    """(tokens up to and including each first EOS, seconds) of one `generate_answers` call; with per_prompt > 1,
+    `per_prompt` answers to each distinct prompt (as pairs are made), not the repeated rows."""
     sampling = AnswerSampling(max_new_tokens=new_tokens, batch_size=len(prompts), seed=seed)
+    distinct = prompts[::per_prompt]
     started = time.perf_counter()
-    result = generate_answers(model, tokenizer, prompts, n_per_prompt=1, sampling=sampling)
+    result = generate_answers(model, tokenizer, distinct, n_per_prompt=per_prompt, sampling=sampling)
     seconds = time.perf_counter() - started
     # n_tokens leaves the EOS out; a "stop" answer wrote one more token
     return sum(a.n_tokens + (a.finish_reason == "stop") for row in result.answers for a in row), seconds
 
 
-def run_plain(model, tokenizer, prompts: list[str], new_tokens: int, seed: int) -> tuple[int, float]:
+def run_plain(model, tokenizer, prompts: list[str], new_tokens: int, seed: int, per_prompt: int = 1) -> tuple[int, float]:
     """(tokens up to and including each first EOS, seconds) of one plain `generate` call: our path until issue 19."""
     sampling = AnswerSampling()
     eos_ids = eos_token_ids(model, tokenizer)
@@ -130,17 +137,60 @@ def run_plain(model, tokenizer, prompts: list[str], new_tokens: int, seed: int) 
     return int(response_mask.sum()), seconds
 
 
-def measure_cell(model, tokenizer, batch_size: int, new_tokens: int, repeats: int, seed: int) -> tuple:
+def run_rollout(model, tokenizer, prompts: list[str], new_tokens: int, seed: int, ours: bool,
+                autocast: bool) -> tuple[int, float]:
+    """(tokens, seconds) of one PPO rollout at [ppo]'s sampling defaults (temperature 0.7, top-k and top-p off), as
+    the trainer's phase 1 runs it: the fp32 actor under no_grad, in bf16 autocast where `auto` picks it. Ours is
+    `generate_responses` (rlhf.decode); plain is `generate` with the same settings, the path before issue 19."""
+    settings = PPOConfig()
+    eos_ids = eos_token_ids(model, tokenizer)
+    warping = Warping(settings.temperature, settings.top_k, settings.top_p, 0, tuple(eos_ids))
+    device = next(model.parameters()).device
+    ids, mask = pad_sequences([encode_prompt(tokenizer, p) for p in prompts], tokenizer.pad_token_id)
+    ids, mask = ids.to(device), mask.to(device)
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), \
+            torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+        torch.manual_seed(seed)
+        started = time.perf_counter()
+        if ours:
+            _, _, action_mask, _ = generate_responses(model, ids, mask, rollout_decoding(tokenizer, warping, new_tokens))
+        else:
+            config = neutral_generation_config(do_sample=True, temperature=settings.temperature, top_k=0, top_p=1.0,
+                                               max_new_tokens=new_tokens, eos_token_id=eos_ids,
+                                               pad_token_id=tokenizer.pad_token_id)
+            output = generate_with(model, config, input_ids=ids, attention_mask=mask)
+            action_mask, _ = response_mask_until_eos(output[:, ids.shape[1]:], eos_ids)
+        seconds = time.perf_counter() - started
+    return int(action_mask.sum()), seconds
+
+
+def measure_rollout(model, tokenizer, batch_size: int, new_tokens: int, repeats: int, seed: int,
+                    autocast: bool) -> dict:
+    """PPO's generate phase, ours against plain: a warm-up each, then the best of `repeats` a side."""
+    prompts = prompts_for(batch_size)
+    best: dict[bool, tuple[int, float]] = {}
+    for repeat in range(repeats + 1):
+        for ours in ((True, False) if repeat % 2 == 0 else (False, True)):
+            tokens, seconds = run_rollout(model, tokenizer, prompts, new_tokens, seed, ours, autocast)
+            if repeat and (ours not in best or tokens / seconds > best[ours][0] / best[ours][1]):
+                best[ours] = (tokens, seconds)
+    cell = cell_figures(batch_size, new_tokens, "bf16-autocast" if autocast else "fp32", best[True], best[False])
+    return {"phase": "ppo generate", **cell}
+
+
+def measure_cell(model, tokenizer, batch_size: int, new_tokens: int, repeats: int, seed: int,
+                 per_prompt: int = 1) -> tuple:
     """One warm-up call a side, then `repeats` measured calls a side, alternating which goes first; each side's
     best (highest tokens/s) (tokens, seconds)."""
-    prompts = prompts_for(batch_size)
+    prompts = prompts_for(batch_size, per_prompt)
     sides = {"ours": run_ours, "plain": run_plain}
     for run in sides.values():
-        run(model, tokenizer, prompts, new_tokens, seed)
+        run(model, tokenizer, prompts, new_tokens, seed, per_prompt)
     best: dict[str, tuple[int, float]] = {}
     for repeat in range(repeats):
         for name in (("ours", "plain") if repeat % 2 == 0 else ("plain", "ours")):
-            tokens, seconds = sides[name](model, tokenizer, prompts, new_tokens, seed)
+            tokens, seconds = sides[name](model, tokenizer, prompts, new_tokens, seed, per_prompt)
             if name not in best or tokens / seconds > best[name][0] / best[name][1]:
                 best[name] = (tokens, seconds)
     return best["ours"], best["plain"]
@@ -157,8 +207,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=1, help="measured calls a side per cell, best kept (default 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of every call (default 0)")
+    parser.add_argument("--per-prompt", type=int, default=1,
+                        help="answers a prompt, as pair making draws 2 (4 oversampling): a batch of B rows is B / N "
+                             "prompts, whose KV ours computes once (default 1)")
+    parser.add_argument("--ppo", action="store_true",
+                        help="also PPO's generate phase at [ppo]'s defaults (batch 8, 48 new tokens, the precision "
+                             "`auto` picks), ours against plain generate")
     add_bf16_flag(parser)
     args = parser.parse_args(argv)
+    if args.per_prompt < 1:
+        parser.error("--per-prompt must be at least 1")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
     quick = ([16], [64], ["fp32"]) if args.quick else (None, None, None)
@@ -184,18 +242,27 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(path)
     model = load_causal_lm(path, tokenizer=tokenizer).to(device)
     cells = []
+    rollout = None
+    if args.ppo:  # first, on the fp32 model that PPO trains
+        autocast = default == "bf16"
+        rollout = measure_rollout(model, tokenizer, 8, 48, args.repeats, args.seed, autocast)
+        print(f"PPO generate (batch 8, 48 new tokens, {rollout['dtype']}): ours {rollout['ours_tokens_per_s']:.1f} "
+              f"tokens/s, plain {rollout['plain_tokens_per_s']:.1f}, speed-up {rollout['speedup']:.2f}x", flush=True)
     print(TABLE_HEADER, flush=True)
     for dtype in sorted(dtypes, key=DTYPE_NAMES.index):  # fp32 first: the bf16 cast is one way
         if dtype == "bf16":
             model = model.to(torch.bfloat16)
         for batch_size in batch_sizes:
             for tokens in new_tokens:
-                ours, plain = measure_cell(model, tokenizer, batch_size, tokens, args.repeats, args.seed)
+                ours, plain = measure_cell(model, tokenizer, batch_size, tokens, args.repeats, args.seed,
+                                           args.per_prompt)
                 cells.append(cell_figures(batch_size, tokens, dtype, ours, plain))
                 print(table_row(cells[-1]), flush=True)
     settings = {"model": args.model, "device": str(device), "threads": torch.get_num_threads(),
-                "repeats": args.repeats, "seed": args.seed}
+                "repeats": args.repeats, "seed": args.seed, "per_prompt": args.per_prompt}
     summary = summarize(cells, machine, default, settings, skipped)
+    if rollout is not None:
+        summary["ppo_generate"] = rollout
     print(json.dumps(summary), flush=True)
     return summary
 

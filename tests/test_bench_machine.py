@@ -104,12 +104,15 @@ def test_the_generate_bench_runs_on_a_tiny_model(tiny_model_dir, capsys):
 
     threads = torch.get_num_threads()
     try:
-        summary = generate_bench(["--model", str(tiny_model_dir), "--batch-sizes", "2", "--new-tokens", "4",
-                                  "--dtypes", "fp32"])
+        summary = generate_bench(["--model", str(tiny_model_dir), "--batch-sizes", "4", "--new-tokens", "4",
+                                  "--dtypes", "fp32", "--per-prompt", "2", "--ppo"])
     finally:
         torch.set_num_threads(threads)
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("CPU: ") and json.loads(lines[-1]) == summary
     (cell,) = summary["cells"]
-    assert (cell["batch_size"], cell["new_tokens"], cell["dtype"]) == (2, 4, "fp32")
-    assert 2 <= cell["ours_tokens"] <= 8 and 2 <= cell["plain_tokens"] <= 8 and cell["speedup"] > 0
+    assert (cell["batch_size"], cell["new_tokens"], cell["dtype"]) == (4, 4, "fp32")
+    # 4 rows either way (2 prompts x 2 answers ours, the 4 repeated rows plain), 1 to 4 tokens each
+    assert 4 <= cell["ours_tokens"] <= 16 and 4 <= cell["plain_tokens"] <= 16 and cell["speedup"] > 0
+    rollout = summary["ppo_generate"]  # PPO's phase 1: batch 8, up to 48 tokens
+    assert rollout["phase"] == "ppo generate" and 8 <= rollout["ours_tokens"] <= 8 * 48 and rollout["speedup"] > 0
