@@ -11,6 +11,11 @@ Active column: the budget counts pairs SHOWN (a tie costs a showing and yields n
 start from the same random 32; random then shows further random pairs, active queues the pairs its bootstrap
 ensemble disagrees on most, plus a random share. Ends with one JSON line.
 
+Graded votes (`--graded off,margin:1,weight:2`): the annotator also says how much better (annotate.simulate.graded
+on its score, the scale annotators.score_scale over all cached answers); a flipped vote keeps its strength. Each
+variant beside "off" adds a row per strategy, named `strategy variant`, fitted with votes.graded and much_margin or
+much_weight set to the variant's number.
+
     python bench/curve_data.py --max-new-tokens 64        # once (minutes on CPU), resumable
     python bench/curve_data.py --max-new-tokens 64 --seed 1   # a second set: 8 answers a prompt with --answer-seeds 0,1
     python bench/reward_curve.py --answer-seeds 0,1 --annotator courteous   # 10 seeds, 32-384 votes, about a minute
@@ -31,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from annotate.simulate import resolve_judge
+from annotate.annotators import score_scale
+from annotate.simulate import graded, resolve_judge, resolve_score
 from bench.curve_data import CACHE_DIR, answers_cache_path, read_answers
 from bench.machine import describe_machine, machine_line
 from rlhf.reward import bt_head
@@ -81,13 +87,19 @@ def load_features(rows: list[dict], model: str, tag: str,
 class CurveData:
     """Candidates, their noiseless labels and the feature rows of both answers."""
 
-    def __init__(self, rows: list[dict], index: dict, features: dict[str, torch.Tensor], judge):
+    def __init__(self, rows: list[dict], index: dict, features: dict[str, torch.Tensor], judge, score=None):
         self.features = features
         self.candidates = candidate_pairs([r["answers"] for r in rows])
         self.prompt_of = [c.prompt_index for c in self.candidates]
         texts = [(rows[c.prompt_index]["prompt"], rows[c.prompt_index]["answers"][c.a],
                   rows[c.prompt_index]["answers"][c.b]) for c in self.candidates]
         self.truth = [judge(p, a, b) for p, a, b in texts]  # "a", "b" or "tie"
+        # strength of each candidate's vote: 1 slightly, 2 much better (graded by the score; 1 without one)
+        self.strength = [1.0] * len(texts)
+        if score is not None:
+            scale = score_scale(score, [a for r in rows for a in r["answers"]])
+            if scale > 0:
+                self.strength = [float(max(1, graded(score, p, a, b, scale)[1])) for p, a, b in texts]
         self.row_a = torch.tensor([index[(p, a)] for p, a, _ in texts])  # (C,)
         self.row_b = torch.tensor([index[(p, b)] for p, _, b in texts])  # (C,)
         self.n_prompts = len(rows)
@@ -101,24 +113,38 @@ class CurveData:
         return torch.where(wins, fa, fb), torch.where(wins, fb, fa)
 
 
+def graded_settings(variant: str) -> dict:
+    """VotesConfig fields of a --graded variant: "off", "margin:M" or "weight:W"."""
+    use, _, value = variant.partition(":")
+    if use == "off":
+        return {"graded": "off"}
+    if use not in ("margin", "weight") or not value:
+        raise ValueError(f"--graded variants are off, margin:M or weight:W, not {variant!r}")
+    return {"graded": use, f"much_{use}": float(value)}
+
+
 def fit(data: CurveData, strategy: str, votes: list[int], labels: dict[int, bool], seed: int,
         with_heads: bool = False):
-    """(weight (D,), heads (H, D)) of `kind:feature` on the votes."""
+    """(weight (D,), heads (H, D)) of `kind:feature[ variant]` on the votes."""
+    strategy, _, variant = strategy.partition(" ")
     kind, feature = strategy.split(":")
     chosen, rejected = data.diffs(feature, votes, [labels[i] for i in votes])
     n_heads = 8 if kind == "ensemble" or with_heads else 0
-    weight, heads, _ = fit_feature_heads(chosen, rejected, kind, StrategyConfig(votes=VotesConfig(n_heads=n_heads, cv_folds=3), seed=seed))
+    votes_config = VotesConfig(n_heads=n_heads, cv_folds=3, **graded_settings(variant or "off"))
+    strengths = torch.tensor([data.strength[i] for i in votes], dtype=torch.float64)  # (N,)
+    weight, heads, _ = fit_feature_heads(chosen, rejected, kind, StrategyConfig(votes=votes_config, seed=seed),
+                                         strengths)
     return weight, heads
 
 
 def accuracy(data: CurveData, strategy: str, weight: torch.Tensor, evaluation: list[int]) -> float:
-    feature = strategy.split(":")[1]
+    feature = strategy.split(" ")[0].split(":")[1]
     chosen, rejected = data.diffs(feature, evaluation, [data.truth[i] == "a" for i in evaluation])
     return bt_head.pair_accuracy(weight, chosen, rejected)
 
 
 def run_seed(data: CurveData, seed: int, sizes: list[int], strategies: list[str], flip: float,
-             active_strategy: str, active_share: float) -> dict:
+             active_strategy: str, active_share: float, active: bool = True) -> dict:
     rng = random.Random(seed)
     prompts = list(range(data.n_prompts))
     rng.shuffle(prompts)
@@ -140,7 +166,7 @@ def run_seed(data: CurveData, seed: int, sizes: list[int], strategies: list[str]
     # active against random, budget = pairs shown (ties included)
     shown_random = order
     shown_active = order[:sizes[0]]
-    for n in sizes:
+    for n in sizes if active else []:
         if n > len(order):
             continue
         if n > len(shown_active):
@@ -188,6 +214,9 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--answer-seeds", default="0",
                         help="cached answer sets to pool per prompt (curve_data.py --seed S for each; 0,1: 8 answers)")
+    parser.add_argument("--graded", default="off",
+                        help="how graded votes enter the head: off, margin:M, weight:W (comma-separated variants)")
+    parser.add_argument("--no-active", action="store_true", help="curves only, no active against random arms")
     parser.add_argument("--features-only", action="store_true", help="extract and cache features, then stop")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (one thread each)")
@@ -203,11 +232,18 @@ def main() -> int:
     index, features = load_features(rows, args.model, f"{Path(str(args.model)).name}-t{args.max_new_tokens}")
     if args.features_only:
         return 0
-    data = CurveData(rows, index, features, resolve_judge(args.annotator))
+    variants = args.graded.split(",")
+    for variant in variants:
+        graded_settings(variant)
+    graded_score = resolve_score(args.annotator) if variants != ["off"] else None
+    if variants != ["off"] and graded_score is None:
+        print(f"--graded needs an annotator with a score; {args.annotator} has none.", file=sys.stderr)
+        return 2
+    data = CurveData(rows, index, features, resolve_judge(args.annotator), graded_score)
     sizes = [int(s) for s in args.sizes.split(",")]
-    strategies = args.strategies.split(",")
+    strategies = [s if v == "off" else f"{s} {v}" for s in args.strategies.split(",") for v in variants]
     started = time.perf_counter()
-    jobs = [(data, seed, sizes, strategies, args.flip, args.active_strategy, args.active_share)
+    jobs = [(data, seed, sizes, strategies, args.flip, args.active_strategy, args.active_share, not args.no_active)
             for seed in range(args.seeds)]
     # one seed a process, each on one thread: a forked child that uses the parent's OpenMP pool hangs
     with multiprocessing.get_context("fork").Pool(min(args.jobs, args.seeds), torch.set_num_threads, (1,)) as pool:
@@ -222,9 +258,12 @@ def main() -> int:
           f"{len(data.candidates)} candidate pairs ({ties:.0%} ties), annotator "
           f"{args.annotator} with {args.flip:.0%} flips for training, noiseless for evaluation; "
           f"{statistics.fmean(r['n_eval'] for r in runs):.0f} held-out pairs; {args.seeds} seeds (mean +- std)")
-    print(f"{'strategy':<20}" + "".join(f"{n:>14}" for n in sizes))
+    if variants != ["off"]:
+        decided = [s for s, t in zip(data.strength, data.truth) if t != "tie"]
+        print(f"graded votes: {sum(s == 2 for s in decided) / max(1, len(decided)):.0%} of decided pairs much better")
+    print(f"{'strategy':<28}" + "".join(f"{n:>14}" for n in sizes))
     for s in strategies:
-        print(f"{s:<20}" + "".join(f"{curve[s][n]['mean']:>8.1%} ±{curve[s][n]['std']:>4.1%}" if n in curve[s]
+        print(f"{s:<28}" + "".join(f"{curve[s][n]['mean']:>8.1%} ±{curve[s][n]['std']:>4.1%}" if n in curve[s]
                                     else f"{'-':>14}" for n in sizes))
     print(f"\nshown pairs -> accuracy ({args.active_strategy}; votes = a/b answers among them)")
     for arm in ("random", "active"):
@@ -232,7 +271,7 @@ def main() -> int:
             f"{arms[arm][n]['mean']:>7.1%} ({arms[arm][n]['votes']:.0f})" if n in arms[arm] else f"{'-':>14}"
             for n in sizes))
     print(json.dumps({"bench": "reward_curve", "annotator": args.annotator, "flip": args.flip, "seeds": args.seeds,
-                      "answer_seeds": args.answer_seeds,
+                      "answer_seeds": args.answer_seeds, "graded": variants,
                       "answers_per_prompt": statistics.fmean(len(r["answers"]) for r in rows),
                       "prompts": len(rows), "candidates": len(data.candidates), "tie_share": round(ties, 3),
                       "n_eval": statistics.fmean(r["n_eval"] for r in runs),

@@ -107,6 +107,44 @@ def last_token_scores(values: Tensor, attention_mask: Tensor) -> Tensor:
     return values.gather(-1, last.unsqueeze(-1)).squeeze(-1)  # (B,)
 
 
+GRADED_USES = ("off", "margin", "weight")
+"""How a graded vote (slightly or much better) enters the pairwise loss: not at all, as a margin, or as a weight."""
+
+
+def graded_terms(strength: Tensor, use: str, much_margin: float = 1.0,
+                 much_weight: float = 2.0) -> tuple[Tensor, Tensor]:
+    """(margin (N,), weight (N,)) of N votes of strength 1 (slightly better) to 2 (much better).
+
+    A strength between (the mean of several people's votes on a pair) interpolates: with f = clamp(strength - 1, 0, 1),
+    use "margin" gives margin = much_margin * f and weight 1 (Llama 2's m(r) in -log sigmoid(r_c - r_r - m(r)): a vote
+    for "much better" asks for a larger score gap); "weight" gives margin 0 and weight = 1 + (much_weight - 1) * f;
+    "off" gives margin 0 and weight 1, whatever the strength.
+    """
+    if use not in GRADED_USES:
+        raise ValueError(f"graded use must be one of {', '.join(GRADED_USES)}, not {use!r}")
+    much = (strength.double() - 1.0).clamp(0.0, 1.0)  # (N,) share of "much better"
+    zero, one = torch.zeros_like(much), torch.ones_like(much)
+    if use == "margin":
+        return much_margin * much, one
+    if use == "weight":
+        return zero, 1.0 + (much_weight - 1.0) * much
+    return zero, one
+
+
+def bradley_terry_loss(score_diff: Tensor, margin: float | Tensor = 0.0, weight: Tensor | None = None) -> Tensor:
+    """Weighted mean of -log sigmoid(score_diff - margin) = softplus(margin - score_diff) over pairs.  (N,) -> ()
+
+    score_diff is r_chosen - r_rejected per pair; weight (N,) defaults to 1 each and is normalised by its sum, so a
+    weight of 2 counts a vote twice.
+    """
+    score_diff = _fp32(score_diff)
+    terms = F.softplus(torch.as_tensor(margin, dtype=score_diff.dtype, device=score_diff.device) - score_diff)  # (N,)
+    if weight is None:
+        return terms.mean()
+    weight = weight.to(score_diff.dtype)
+    return (weight * terms).sum() / weight.sum()
+
+
 def pairwise_loss(
     chosen_values: Tensor,
     rejected_values: Tensor,

@@ -10,11 +10,13 @@ from rlhf.losses import (
     FixedKLController,
     RunningMoments,
     actor_loss,
+    bradley_terry_loss,
     compute_rewards,
     critic_loss,
     entropy_from_logits,
     gae_advantages_and_returns,
     gather_log_probs,
+    graded_terms,
     last_token_scores,
     masked_mean,
     masked_var,
@@ -406,3 +408,31 @@ def test_running_moments_and_reward_normalisation():
     assert (moments.mean, moments.var, moments.std, moments.count) == pytest.approx((3.6, 4.64, 2.408319, 5))
     close(moments.normalize(torch.tensor([3.6, 6.008319])), [0.0, 1.0])
     close(normalize_rewards(torch.tensor([1.0, 3.0]), 2.0, 0.5), [-2.0, 2.0])
+
+
+def test_graded_terms_margin_weight_and_off_by_hand():
+    strength = torch.tensor([1.0, 2.0, 1.5, 3.0])  # slightly, much, a mean of one of each, clamped to much
+    # margin: much_margin * clamp(strength - 1, 0, 1) = 0.8 * (0, 1, 0.5, 1) = (0, 0.8, 0.4, 0.8); weight 1
+    margin, weight = graded_terms(strength, "margin", much_margin=0.8)
+    close(margin, [0.0, 0.8, 0.4, 0.8])
+    close(weight, [1.0, 1.0, 1.0, 1.0])
+    # weight: 1 + (much_weight - 1) * (0, 1, 0.5, 1) = 1 + 2 * (...) = (1, 3, 2, 3); margin 0
+    margin, weight = graded_terms(strength, "weight", much_weight=3.0)
+    close(margin, [0.0, 0.0, 0.0, 0.0])
+    close(weight, [1.0, 3.0, 2.0, 3.0])
+    margin, weight = graded_terms(strength, "off")
+    close(margin, [0.0] * 4)
+    close(weight, [1.0] * 4)
+    with pytest.raises(ValueError, match="graded use"):
+        graded_terms(strength, "both")
+
+
+def test_bradley_terry_loss_with_margin_and_weight_by_hand():
+    diff = torch.tensor([2.0, 1.0])
+    # no margin, no weight: (softplus(-2) + softplus(-1)) / 2 = (0.126928 + 0.313262) / 2 = 0.220095
+    close(bradley_terry_loss(diff), 0.220095)
+    # margins (0, 1): softplus(0 - 2) = ln(1 + e^-2) = 0.126928, softplus(1 - 1) = ln 2 = 0.693147
+    # weights (1, 2): (0.126928 + 2 * 0.693147) / 3 = 1.513222 / 3 = 0.504407
+    close(bradley_terry_loss(diff, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 2.0])), 0.504407)
+    # a float margin of 1 for both: (softplus(-1) + softplus(0)) / 2 = (0.313262 + 0.693147) / 2 = 0.503204
+    close(bradley_terry_loss(diff, 1.0), 0.503204)

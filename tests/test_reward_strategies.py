@@ -15,6 +15,7 @@ from rlhf.reward.strategies import (
     TrainedPreferenceModel,
     VotesConfig,
     canonical_feature,
+    fit_feature_heads,
     pad_answers,
     score_with_reward_model,
     train_strategy,
@@ -40,6 +41,32 @@ def test_logistic_fit_matches_the_optimum_worked_out_by_hand():
     w = bt_head.fit_logistic(torch.tensor([[1.0]]), lam=0.5)
     assert w.item() == pytest.approx(0.6748, abs=1e-3)
     assert 2 / (1 + math.exp(w.item())) == pytest.approx(w.item(), abs=1e-6)
+
+
+def test_logistic_fit_with_a_margin_and_weights_by_hand():
+    # one vote d = (1,) with margin 1: loss(w) = softplus(1 - w) + lam/2 w^2, stationary where sigmoid(1 - w) = lam w;
+    # lam = 0.5: w = 1 (sigmoid(0) = 0.5 = 0.5 * 1), where the unmargined vote stops at 0.6748 (test above)
+    w = bt_head.fit_logistic(torch.tensor([[1.0]]), lam=0.5, margins=torch.tensor([1.0]))
+    assert w.item() == pytest.approx(1.0, abs=1e-4)
+    # votes d = (1,) weight 3 and d = (-1,) weight 1: loss = (3 softplus(-w) + softplus(w)) / 4 + lam/2 w^2,
+    # gradient (-3 sigmoid(-w) + sigmoid(w)) / 4 + lam w; with lam = 0.5 zero at w = 0.3344
+    # (check: sigmoid(-0.3344) = 0.41717, sigmoid(0.3344) = 0.58283, (-1.25151 + 0.58283) / 4 = -0.16717 = -0.5 w)
+    w = bt_head.fit_logistic(torch.tensor([[1.0], [-1.0]]), lam=0.5, weights=torch.tensor([3.0, 1.0]))
+    assert w.item() == pytest.approx(0.3344, abs=1e-3)
+
+
+def test_graded_votes_reach_the_head_through_votes_graded():
+    _, chosen, rejected = synthetic_votes(60, 4, flip_rate=0.0, seed=4)
+    strengths = torch.tensor([2.0] * 30 + [1.0] * 30, dtype=torch.float64)
+    fits = {}
+    for graded in ("off", "margin", "weight"):
+        config = StrategyConfig(votes=VotesConfig(n_heads=2, cv_folds=3, graded=graded))
+        fits[graded] = fit_feature_heads(chosen, rejected, "head", config, strengths)[0]
+    plain = fit_feature_heads(chosen, rejected, "head", StrategyConfig(votes=VotesConfig(n_heads=2, cv_folds=3)))[0]
+    assert torch.allclose(fits["off"], plain)
+    assert not torch.allclose(fits["margin"], plain) and not torch.allclose(fits["weight"], plain)
+    with pytest.raises(ValueError, match="votes.graded"):
+        VotesConfig(graded="much")
 
 
 def test_head_learns_a_linear_preference_from_few_noisy_votes():

@@ -6,6 +6,8 @@ intercept (an intercept would only say "the first answer wins", which carries no
 
     loss(w) = mean_i softplus(-d_i . w) + lam / 2 * |w|^2
 
+Graded votes (rlhf.losses.graded_terms) give each vote a margin m_i, softplus(m_i - d_i . w), or a weight c_i.
+
 convex, solved by damped Newton steps in float64. Features are standardised per dimension by the spread of the training
 differences before the penalty applies, so one lam suits every layer; the returned weight acts on raw features.
 The regularisation is chosen by k-fold cross-validation on the training votes (held-out log-likelihood), and an
@@ -17,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from rlhf.losses import bradley_terry_loss
 
 DEFAULT_LAMBDAS = (1e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 """Grid for cross-validation: from nearly unregularised to a head that barely leaves zero."""
@@ -40,8 +44,8 @@ def feature_scale(diffs: torch.Tensor) -> torch.Tensor:
     return rms.clamp(min=1e-6 * float(rms.max().clamp(min=1e-12)))
 
 
-def _objective(d: torch.Tensor, c: torch.Tensor, w: torch.Tensor, lam: float) -> float:
-    return float((c * torch.nn.functional.softplus(-(d @ w))).sum() + 0.5 * lam * w.pow(2).sum())
+def _objective(d: torch.Tensor, c: torch.Tensor, m: torch.Tensor, w: torch.Tensor, lam: float) -> float:
+    return float(bradley_terry_loss(d @ w, m, c) + 0.5 * lam * w.pow(2).sum())
 
 
 def _newton_step(d: torch.Tensor, curvature: torch.Tensor, lam: float, gradient: torch.Tensor) -> torch.Tensor:
@@ -59,22 +63,25 @@ def _newton_step(d: torch.Tensor, curvature: torch.Tensor, lam: float, gradient:
 
 
 def fit_logistic(diffs: torch.Tensor, lam: float, weights: torch.Tensor | None = None,
-                 max_iter: int = 50, init: torch.Tensor | None = None, tol: float = 1e-8) -> torch.Tensor:
-    """argmin_w mean_i c_i softplus(-d_i . w) + lam/2 |w|^2 on (already scaled) differences (N, D) -> (D,).
+                 max_iter: int = 50, init: torch.Tensor | None = None, tol: float = 1e-8,
+                 margins: torch.Tensor | None = None) -> torch.Tensor:
+    """argmin_w mean_i c_i softplus(m_i - d_i . w) + lam/2 |w|^2 on (already scaled) differences (N, D) -> (D,).
 
     Damped Newton steps (the objective is strictly convex): gradient g = -D^T (c * sigmoid(-z)) + lam w and Hessian
-    H = D^T diag(c * s (1 - s)) D + lam I with z = D w, s = sigmoid(z); a step is halved until the objective falls.
+    H = D^T diag(c * s (1 - s)) D + lam I with z = D w - m, s = sigmoid(z); a step is halved until the objective falls.
     A handful of steps converge, far fewer passes than first-order solvers need at small lam.
     `weights` c_i (N,) lets a bootstrap count a resampled vote several times without copying rows; `init` (D,)
     warm-starts the solver (cross-validation walks the lambdas from strong to weak, each from the last solution).
+    `margins` m_i (N,) default to 0 (a graded vote's margin in score units).
     """
     d = diffs.double()  # (N, D)
     c = torch.ones(d.shape[0], dtype=torch.float64) if weights is None else weights.double()  # (N,)
     c = c / c.sum()
+    m = torch.zeros(d.shape[0], dtype=torch.float64) if margins is None else margins.double()  # (N,)
     w = torch.zeros(d.shape[1], dtype=torch.float64) if init is None else init.double().clone()  # (D,)
-    value = _objective(d, c, w, lam)
+    value = _objective(d, c, m, w, lam)
     for _ in range(max_iter):
-        s = torch.sigmoid(d @ w)  # (N,)
+        s = torch.sigmoid(d @ w - m)  # (N,)
         gradient = -(d.T @ (c * (1 - s))) + lam * w  # (D,)
         if float(gradient.abs().max()) < tol:
             break
@@ -83,7 +90,7 @@ def fit_logistic(diffs: torch.Tensor, lam: float, weights: torch.Tensor | None =
         size = 1.0
         while size > 1e-6:
             candidate = w - size * step
-            candidate_value = _objective(d, c, candidate, lam)
+            candidate_value = _objective(d, c, m, candidate, lam)
             if candidate_value <= value:
                 break
             size /= 2
@@ -99,10 +106,13 @@ def fold_indices(n: int, k: int, seed: int) -> list[torch.Tensor]:
     return [order[i::k] for i in range(k)]
 
 
-def cross_validate(diffs: torch.Tensor, lambdas=DEFAULT_LAMBDAS, k: int = 5, seed: int = 0) -> dict[float, float]:
+def cross_validate(diffs: torch.Tensor, lambdas=DEFAULT_LAMBDAS, k: int = 5, seed: int = 0,
+                   weights: torch.Tensor | None = None, margins: torch.Tensor | None = None) -> dict[float, float]:
     """Mean held-out log-likelihood of each lambda over k folds of the (scaled) differences.
 
     Log-likelihood rather than accuracy: with tens of votes accuracy moves in steps of a few percent and ties often.
+    Graded votes' `weights` and `margins` (N,) shape the fits; the held-out folds are scored by the plain
+    likelihood of their order, what the head is for.
     """
     n = diffs.shape[0]
     k = max(2, min(k, n))
@@ -113,26 +123,30 @@ def cross_validate(diffs: torch.Tensor, lambdas=DEFAULT_LAMBDAS, k: int = 5, see
         train[fold] = False
         w = None
         for lam in sorted(lambdas, reverse=True):  # strong to weak: each solution starts the next
-            w = fit_logistic(diffs[train], lam, init=w)  # (D,)
+            w = fit_logistic(diffs[train], lam, init=w, weights=None if weights is None else weights[train],
+                             margins=None if margins is None else margins[train])  # (D,)
             result[lam] += float(-torch.nn.functional.softplus(-(diffs[fold].double() @ w)).sum()) / n
     return result
 
 
 def fit_head(diffs: torch.Tensor, lam: float | None = None, lambdas=DEFAULT_LAMBDAS, k: int = 5,
-             seed: int = 0) -> HeadFit:
-    """A head on differences f_chosen - f_rejected (N, D); lam None: chosen by k-fold cross-validation."""
+             seed: int = 0, weights: torch.Tensor | None = None, margins: torch.Tensor | None = None) -> HeadFit:
+    """A head on differences f_chosen - f_rejected (N, D); lam None: chosen by k-fold cross-validation.
+    `weights` and `margins` (N,): graded votes (fit_logistic)."""
     scale = feature_scale(diffs)  # (D,)
     scaled = diffs.double() / scale  # (N, D)
     cv = {}
     if lam is None:
-        cv = cross_validate(scaled, lambdas, k, seed)
+        cv = cross_validate(scaled, lambdas, k, seed, weights, margins)
         lam = max(cv, key=cv.get)
-    w = fit_logistic(scaled, lam)  # (D,) on scaled features
+    w = fit_logistic(scaled, lam, weights=weights, margins=margins)  # (D,) on scaled features
     return HeadFit(weight=w / scale, lam=lam, cv_loglik=cv)
 
 
-def fit_bootstrap_heads(diffs: torch.Tensor, lam: float, n_heads: int, seed: int = 0) -> torch.Tensor:
-    """n_heads heads, each on a bootstrap resample of the votes (same lam): (H, D) weights on raw features."""
+def fit_bootstrap_heads(diffs: torch.Tensor, lam: float, n_heads: int, seed: int = 0,
+                        weights: torch.Tensor | None = None, margins: torch.Tensor | None = None) -> torch.Tensor:
+    """n_heads heads, each on a bootstrap resample of the votes (same lam): (H, D) weights on raw features.
+    `weights` and `margins` (N,): graded votes (fit_logistic)."""
     scale = feature_scale(diffs)  # (D,)
     scaled = diffs.double() / scale  # (N, D)
     generator = torch.Generator().manual_seed(seed)
@@ -140,7 +154,8 @@ def fit_bootstrap_heads(diffs: torch.Tensor, lam: float, n_heads: int, seed: int
     for _ in range(n_heads):
         draws = torch.randint(0, diffs.shape[0], (diffs.shape[0],), generator=generator)  # (N,)
         counts = torch.bincount(draws, minlength=diffs.shape[0]).double()  # (N,) times each vote was drawn
-        heads.append(fit_logistic(scaled, lam, weights=counts) / scale)
+        counts = counts if weights is None else counts * weights.double()
+        heads.append(fit_logistic(scaled, lam, weights=counts, margins=margins) / scale)
     return torch.stack(heads)  # (H, D)
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 STRATEGIES = ("head", "ensemble", "full")
+GRADED_USES = ("off", "margin", "weight")
+"""votes.graded: how a vote's strength enters the head's loss (rlhf.losses.graded_terms checks the same names)."""
 DEFAULT_FEATURE = "mean@2"
 """The frozen feature of the head strategies: bench/reward_curve.py (25% flips, 10 splits) had the answer-mean of
 layer 2 best at 200 votes (courteous annotator 72%, polite 63%), layer 3 a point behind, the last token at chance."""
@@ -102,6 +104,14 @@ class VotesConfig:
     """Bootstrap heads (disagreement for active selection; the "ensemble" score)."""
     cv_folds: int = 5
     """Cross-validation folds choosing the head's L2 strength."""
+    graded: str = "off"
+    """How a vote's strength (slightly or much better; old votes and file pairs count as slightly) enters the
+    head strategies' Bradley-Terry loss: "off", "margin" (Llama 2's -log sigmoid(r_c - r_r - m)) or "weight"
+    (rlhf.losses.graded_terms); docs/few-votes.md has the curves that chose it."""
+    much_margin: float = 1.0
+    """With graded = "margin": the margin of a "much better" vote in score units (a "slightly better" one has 0)."""
+    much_weight: float = 2.0
+    """With graded = "weight": the weight of a "much better" vote (a "slightly better" one counts 1)."""
     oversample: int = 4
     """Answers per prompt when choosing the next sample pairs; 2 turns active selection off (one pair a prompt)."""
     prompts_per_pair: float = 1.5
@@ -110,6 +120,10 @@ class VotesConfig:
     """Share of the actively chosen batch drawn at random instead (keeps the held-out estimate honest)."""
     confidence_z: float = 1.96
     """z of the interval on held-out accuracy; PPO is refused when its lower end is below chance (0.5)."""
+
+    def __post_init__(self) -> None:
+        if self.graded not in GRADED_USES:
+            raise ValueError(f"votes.graded must be one of {', '.join(GRADED_USES)}, not {self.graded!r}")
 
 
 @dataclass

@@ -47,10 +47,14 @@ class PreferencePair:
     rejected: str
     source: str | None = None
     """One of PAIR_SOURCES; None (a pair read from a file) counts as "sample"."""
+    strength: float = 1.0
+    """How much better `chosen` is: 1 slightly (also a vote without a grade), 2 much, between for a mean of votes."""
 
     def __post_init__(self) -> None:
         if self.source is not None and self.source not in PAIR_SOURCES:
             raise ValueError(f"source must be one of {', '.join(PAIR_SOURCES)} or None, not {self.source!r}")
+        if not 1.0 <= self.strength <= 2.0:
+            raise ValueError(f"strength must be between 1 (slightly better) and 2 (much better), not {self.strength}")
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,11 @@ def split_pairs(pairs: Sequence[PairLike], heldout_fraction: float) -> tuple[lis
     train = [pair for pair in pairs if pair.prompt not in heldout_prompts]
     heldout = [pair for pair in pairs if pair.prompt in heldout_prompts]
     return train, heldout
+
+
+def pair_strength(pair: PairLike) -> float:
+    """The pair's strength (PreferencePair.strength); a pair without one counts as slightly better (1)."""
+    return float(getattr(pair, "strength", None) or 1.0)
 
 
 def pair_source(pair: PairLike) -> str:

@@ -27,11 +27,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rlhf.generate import pad_sequences, position_ids_from_mask
-from rlhf.losses import masked_mean
+from rlhf.losses import graded_terms, masked_mean
 from rlhf.reward import bt_head
 from rlhf.reward.model import MARKER_FILE, RewardModel, load_reward_model, load_reward_tokenizer
-from rlhf.reward.data import (PairLike, PreferencePair, TokenizedPair, heldout_accuracies, split_pairs,
-                              tokenize_pairs)
+from rlhf.reward.data import (PairLike, PreferencePair, TokenizedPair, heldout_accuracies, pair_strength,
+                              split_pairs, tokenize_pairs)
 from rlhf.reward.config import STRATEGIES, StrategyConfig, VotesConfig
 from rlhf.reward.train import train_reward_model
 
@@ -274,12 +274,19 @@ def score_with_reward_model(model: RewardModel, tokenizer, prompts: Sequence[str
 
 
 def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, strategy: str,
-                      config: StrategyConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """(weight (D,), bootstrap heads (H, D), metrics) of a head strategy on training features (N, D) each."""
+                      config: StrategyConfig,
+                      strengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(weight (D,), bootstrap heads (H, D), metrics) of a head strategy on training features (N, D) each;
+    `strengths` (N,) of the votes (1 slightly, 2 much better; None: all 1) enter as votes.graded says."""
     diffs = train_chosen - train_rejected  # (N, D)
-    fit = bt_head.fit_head(diffs, k=config.votes.cv_folds, seed=config.seed)
+    if strengths is None:
+        strengths = torch.ones(diffs.shape[0], dtype=torch.float64)
+    margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
+                                    config.votes.much_weight)  # (N,) each
+    fit = bt_head.fit_head(diffs, k=config.votes.cv_folds, seed=config.seed, weights=weights, margins=margins)
     if config.votes.n_heads > 0:
-        heads = bt_head.fit_bootstrap_heads(diffs, fit.lam, config.votes.n_heads, seed=config.seed)  # (H, D)
+        heads = bt_head.fit_bootstrap_heads(diffs, fit.lam, config.votes.n_heads, seed=config.seed,
+                                            weights=weights, margins=margins)  # (H, D)
     else:  # no disagreement wanted (the curve bench's single heads): the one head alone
         heads = fit.weight[None, :]  # (1, D)
     weight = heads.mean(0) if strategy == "ensemble" else fit.weight  # (D,)
@@ -322,7 +329,8 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
     prompts, chosen, rejected = _texts(train)
     fc = extractor.features(prompts, chosen, feature)  # (N, D)
     fr = extractor.features(prompts, rejected, feature)  # (N, D)
-    weight, heads, metrics = fit_feature_heads(fc, fr, name, config)
+    strengths = torch.tensor([pair_strength(p) for p in train], dtype=torch.float64)  # (N,)
+    weight, heads, metrics = fit_feature_heads(fc, fr, name, config, strengths)
     reward_model = None
     if name == "full":
         warm_start = config.reward.warm_start if scores_last_token(config.reward.warm_start) else None
