@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 CHOICES = ("a", "b", "tie", "both_bad", "skip")
 """Vote choices, always about the pair's gen_a / gen_b whatever side the screen showed them on."""
 PAIR_KINDS = ("sample", "versus")
+STRENGTHS = {1: "slightly", 2: "much"}
+"""How much better an a/b vote says the chosen answer is; a vote without one (older, or ungraded) reads as 1."""
 CHOSEN_BY = ("random", "uncertain")
 """How a sample pair's two answers were picked: at random, or for the reward model's disagreement (active choice)."""
 ROLES = ("annotator", "admin")
@@ -145,6 +147,8 @@ class Vote:
     a_on_left: bool
     seconds: float | None
     created_at: str
+    strength: int | None = None
+    """For an a/b vote, 1 (slightly better) or 2 (much better); None: not graded (read as 1), or not an a/b vote."""
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,8 @@ class Preference:
     source: str = "sample"
     """"sample" (a sample pair drawn at random, or stored before that was recorded), "versus", or "chosen" (a sample
     pair picked for the reward model's disagreement): the round reports held-out accuracy by source."""
+    strength: float = 1.0
+    """How much better `chosen` is, the mean over the majority's votes: 1 slightly (or ungraded), 2 much."""
 
 
 @dataclass(frozen=True)

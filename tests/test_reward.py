@@ -285,6 +285,22 @@ def test_preference_files_read_from_jsonl_and_from_a_dataset_folder(tmp_path):
     assert load_preference_file(tmp_path / "hf") == expected
 
 
+def test_a_preference_file_keeps_the_strength_export_writes_and_refuses_a_bad_one(tmp_path):
+    import datasets
+
+    rows = [{"prompt": "p1", "chosen": "c1", "rejected": "r1", "strength": 2.0},
+            {"prompt": "p2", "chosen": "c2", "rejected": "r2", "strength": 1.5}]
+    jsonl = tmp_path / "prefs.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    expected = [PreferencePair("p1", "c1", "r1", strength=2.0), PreferencePair("p2", "c2", "r2", strength=1.5)]
+    assert load_preference_file(jsonl) == expected
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "hf"))
+    assert load_preference_file(tmp_path / "hf") == expected
+    jsonl.write_text(json.dumps({**rows[0], "strength": "much"}) + "\n")
+    with pytest.raises(PreferenceDataError, match="row 1: strength must be a number from 1"):
+        load_preference_file(jsonl)
+
+
 def test_a_missing_column_names_the_column(tmp_path):
     jsonl = tmp_path / "prefs.jsonl"
     jsonl.write_text(json.dumps({"prompt": "p", "chosen": "c"}) + "\n")

@@ -224,14 +224,30 @@ def test_preferences_take_the_strict_majority_of_a_b_votes(paired):
     ]
 
 
+def test_graded_votes_store_their_strength_and_a_preference_the_mean_of_its_majority(paired):
+    assert paired.record_vote(1, "ann", "a", True, strength=2)
+    assert not paired.record_vote(1, "ann", "a", True, strength=1)  # a repeat writes nothing: the first stands
+    paired.record_vote(1, "bob", "a", False, strength=1)
+    paired.record_vote(1, "cid", "b", True, strength=2)  # the minority's strength does not count
+    paired.record_vote(3, "ann", "b", True)  # ungraded: read as slightly better
+    paired.record_vote(2, "ann", "tie", True)
+    assert [(v.pair_id, v.annotator, v.choice, v.strength) for v in paired.votes()] == [
+        (1, "ann", "a", 2), (1, "bob", "a", 1), (1, "cid", "b", 2), (3, "ann", "b", None), (2, "ann", "tie", None)]
+    assert [(p.pair_id, p.chosen, p.votes, p.strength) for p in paired.preferences()] == [
+        (1, "A1", 3, 1.5), (3, "B3", 1, 1.0)]  # pair 1: (2 + 1) / 2 from ann and bob
+    for choice, strength in (("tie", 1), ("a", 3), ("skip", 2)):
+        with pytest.raises(ValueError, match="strength is 1"):
+            paired.record_vote(2, "dan", choice, True, strength=strength)
+
+
 def test_export_dataset_jsonl_and_parquet(paired, tmp_path):
     import datasets
     import json
 
-    paired.record_vote(2, "ann", "b", True)
+    paired.record_vote(2, "ann", "b", True, strength=2)
     dataset = paired.export_dataset()
-    assert dataset.column_names == ["prompt", "chosen", "rejected"]
-    assert dataset.to_list() == [{"prompt": "Name a colour.", "chosen": "B2", "rejected": "A2"}]
+    assert dataset.column_names == ["prompt", "chosen", "rejected", "strength"]
+    assert dataset.to_list() == [{"prompt": "Name a colour.", "chosen": "B2", "rejected": "A2", "strength": 2.0}]
     assert paired.export_jsonl(tmp_path / "prefs.jsonl") == 1
     assert [json.loads(line) for line in (tmp_path / "prefs.jsonl").read_text().splitlines()] == dataset.to_list()
     assert paired.export_parquet(tmp_path / "prefs.parquet") == 1

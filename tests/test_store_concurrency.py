@@ -55,7 +55,10 @@ def test_an_older_database_file_is_upgraded_in_place(tmp_path):
         assert store.pair(1).n_votes == 1  # counted from the votes already there
         assert store.pair(1).chosen_by is None  # how it was chosen is unknown: its vote counts as a random pair's
         assert [p.source for p in store.preferences()] == ["sample"]
-        assert store.record_vote(1, "bob", "b", a_on_left=False) and store.pair(1).n_votes == 2
+        assert [(v.choice, v.strength) for v in store.votes()] == [("a", None)]  # an old vote is ungraded ...
+        assert [p.strength for p in store.preferences()] == [1.0]  # ... and reads as slightly better
+        assert store.record_vote(1, "bob", "b", a_on_left=False, strength=2) and store.pair(1).n_votes == 2
+        assert [(v.annotator, v.strength) for v in store.votes()] == [("ann", None), ("bob", 2)]
         [old_round] = store.rounds()
         assert (old_round.status, old_round.metrics, old_round.pid) == ("running", {"rm/accuracy": 0.7}, None)
         assert store.mark_stale_rounds_failed() == [1]  # no pid recorded: nobody can be running it

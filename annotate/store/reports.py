@@ -55,35 +55,40 @@ class Reports:
             if row["n_a"] == row["n_b"]:
                 continue
             a_wins = row["n_a"] > row["n_b"]
+            strength = row["strength_a"] / row["n_a"] if a_wins else row["strength_b"] / row["n_b"]
             preferences.append(Preference(
                 pair_id=row["id"], prompt=row["prompt"],
                 chosen=row["text_a"] if a_wins else row["text_b"], rejected=row["text_b"] if a_wins else row["text_a"],
                 votes=row["n_a"] + row["n_b"], kind=row["kind"],
-                source=_source(row["kind"], row["chosen_by"]),
+                source=_source(row["kind"], row["chosen_by"]), strength=strength,
             ))
         return preferences
 
     def export_dataset(self):
-        """Preferences as a `datasets.Dataset` with TRL's columns prompt, chosen, rejected."""
+        """Preferences as a `datasets.Dataset` with TRL's columns prompt, chosen, rejected, and strength (how much
+        better: 1 slightly or ungraded, 2 much, between for a mean of votes)."""
         import datasets
 
         preferences = self.preferences()
-        features = datasets.Features({name: datasets.Value("string") for name in ("prompt", "chosen", "rejected")})
+        features = datasets.Features({**{name: datasets.Value("string") for name in ("prompt", "chosen", "rejected")},
+                                      "strength": datasets.Value("float64")})
         return datasets.Dataset.from_dict(
             {
                 "prompt": [p.prompt for p in preferences],
                 "chosen": [p.chosen for p in preferences],
                 "rejected": [p.rejected for p in preferences],
+                "strength": [p.strength for p in preferences],
             },
             features=features,
         )
 
     def export_jsonl(self, path: str | Path) -> int:
-        """Write preferences as JSON Lines {prompt, chosen, rejected}; returns the number of rows."""
+        """Write preferences as JSON Lines {prompt, chosen, rejected, strength}; returns the number of rows."""
         preferences = self.preferences()
         with open(path, "w", encoding="utf-8") as out:
             for p in preferences:
-                out.write(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
+                out.write(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected,
+                                      "strength": p.strength}) + "\n")
         return len(preferences)
 
     def export_parquet(self, path: str | Path) -> int:

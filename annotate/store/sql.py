@@ -186,6 +186,12 @@ def migration_6_pair_chosen_by(db: sqlite_utils.Database) -> None:
     db.conn.execute("ALTER TABLE pairs ADD COLUMN chosen_by TEXT CHECK (chosen_by IN ('random', 'uncertain'))")
 
 
+def migration_7_vote_strength(db: sqlite_utils.Database) -> None:
+    """How much better the chosen answer is, for an a/b vote: 1 slightly, 2 much (graded votes, as Llama 2 asked).
+    Older votes, ties, both-bad and skips keep NULL, read as slightly better (the strength of an ungraded vote)."""
+    db.conn.execute("ALTER TABLE votes ADD COLUMN strength INTEGER CHECK (strength IN (1, 2))")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_1_initial_schema,
     migration_2_round_pid,
@@ -193,6 +199,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_4_one_demonstration_per_pair,
     migration_5_one_name_per_person,
     migration_6_pair_chosen_by,
+    migration_7_vote_strength,
 ]
 
 INSERT_PROMPT = "INSERT INTO prompts (text, source, created_at) VALUES (?, ?, ?) ON CONFLICT (text) DO NOTHING"
@@ -227,11 +234,12 @@ SELECT_ANNOTATORS = """
     FROM annotators a ORDER BY a.name"""
 
 INSERT_VOTE = """
-    INSERT INTO votes (pair_id, annotator, choice, a_on_left, seconds, created_at) VALUES (?, ?, ?, ?, ?, ?)
+    INSERT INTO votes (pair_id, annotator, choice, a_on_left, seconds, created_at, strength)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (pair_id, annotator) DO NOTHING"""
 SELECT_VOTE_CHOICE = "SELECT choice FROM votes WHERE pair_id = ? AND annotator = ?"
 SELECT_VOTES = """
-    SELECT id, pair_id, annotator, choice, a_on_left, seconds, created_at FROM votes
+    SELECT id, pair_id, annotator, choice, a_on_left, seconds, created_at, strength FROM votes
     WHERE (:annotator IS NULL OR annotator = :annotator) AND (:pair_id IS NULL OR pair_id = :pair_id)
     ORDER BY id"""
 COUNT_VOTES_SINCE = "SELECT COUNT(*) FROM votes WHERE created_at > :since AND (:skips OR choice != 'skip')"
@@ -249,7 +257,9 @@ SELECT_DEMONSTRATIONS = """
 
 SELECT_PAIR_TALLIES = """
     SELECT p.id, p.kind, p.chosen_by, pr.text AS prompt, ga.text AS text_a, gb.text AS text_b,
-           SUM(v.choice = 'a') AS n_a, SUM(v.choice = 'b') AS n_b
+           SUM(v.choice = 'a') AS n_a, SUM(v.choice = 'b') AS n_b,
+           SUM(CASE WHEN v.choice = 'a' THEN COALESCE(v.strength, 1) ELSE 0 END) AS strength_a,
+           SUM(CASE WHEN v.choice = 'b' THEN COALESCE(v.strength, 1) ELSE 0 END) AS strength_b
     FROM pairs p JOIN prompts pr ON pr.id = p.prompt_id
     JOIN generations ga ON ga.id = p.gen_a JOIN generations gb ON gb.id = p.gen_b
     JOIN votes v ON v.pair_id = p.id

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import sqlite_utils
 
-from annotate.records import CHOICES, Vote, VoteOutcome
+from annotate.records import CHOICES, STRENGTHS, Vote, VoteOutcome
 from annotate.store import sql as queries
 from annotate.store.sql import now
 
@@ -19,25 +19,30 @@ class VoteRecords:
     """Votes about a pair's gen_a / gen_b, and demonstrations; the first vote of a person on a pair stands."""
 
     def record_vote(
-        self, pair_id: int, annotator: str, choice: str, a_on_left: bool, seconds: float | None = None
+        self, pair_id: int, annotator: str, choice: str, a_on_left: bool, seconds: float | None = None,
+        strength: int | None = None,
     ) -> bool:
         """Record a vote about gen_a/gen_b; True when a new row was written.
 
         A repeated submit for the same pair and annotator writes nothing and returns False (the first vote stands).
         """
-        return self.submit_vote(pair_id, annotator, choice, a_on_left, seconds).recorded
+        return self.submit_vote(pair_id, annotator, choice, a_on_left, seconds, strength=strength).recorded
 
     def submit_vote(self, pair_id: int, annotator: str, choice: str, a_on_left: bool, seconds: float | None = None,
-                    better_answer: str | None = None) -> VoteOutcome:
+                    better_answer: str | None = None, strength: int | None = None) -> VoteOutcome:
         """Record a vote and the better answer written with it, in one transaction: both land or neither.
 
         The first vote of an annotator on a pair stands: a repeat (a double click, a retried request, a second tab)
         writes nothing, not even its better answer, and the outcome carries the choice that stands. UNIQUE keys on
-        votes and demonstrations keep this true under parallel calls from threads and processes.
+        votes and demonstrations keep this true under parallel calls from threads and processes. `strength` grades an
+        a/b vote: 1 slightly, 2 much better (STRENGTHS); None leaves it ungraded.
         """
         annotator = self._checked_name(annotator)
         if choice not in CHOICES:
             raise ValueError(f"choice must be one of {', '.join(CHOICES)}, not {choice!r}")
+        if strength is not None and (choice not in ("a", "b") or strength not in STRENGTHS):
+            raise ValueError(f"strength is 1 (slightly) or 2 (much better) for an a or b vote, not {strength!r} "
+                             f"for {choice!r}")
         better_answer = (better_answer or "").strip()
         created = now()
         with self._write() as db:
@@ -45,7 +50,7 @@ class VoteRecords:
                 raise ValueError(f"no pair with id {pair_id}")
             db.conn.execute(queries.INSERT_ANNOTATOR, (annotator, "annotator", created))
             cursor = db.conn.execute(
-                queries.INSERT_VOTE, (pair_id, annotator, choice, int(bool(a_on_left)), seconds, created)
+                queries.INSERT_VOTE, (pair_id, annotator, choice, int(bool(a_on_left)), seconds, created, strength)
             )
             if cursor.rowcount == 1:
                 outcome = VoteOutcome(recorded=True, choice=choice)

@@ -77,7 +77,8 @@ class TokenizedPair:
 
 
 def pairs_from_rows(rows: Sequence[dict], source: str) -> list[PreferencePair]:
-    """Rows with string columns prompt, chosen, rejected -> pairs; a missing column or a non-string is an error."""
+    """Rows with string columns prompt, chosen, rejected -> pairs; a missing column or a non-string is an error.
+    An optional `strength` (what --export writes: 1 slightly to 2 much better) is kept; without one a pair is 1."""
     pairs = []
     for index, row in enumerate(rows):
         missing = [column for column in REQUIRED_COLUMNS if column not in row]
@@ -92,7 +93,13 @@ def pairs_from_rows(rows: Sequence[dict], source: str) -> list[PreferencePair]:
                 f"{source}: row {index + 1}: column {bad[0]!r} must be text, got {type(row[bad[0]]).__name__}. "
                 "Conversational (list of messages) columns are not supported; flatten them to text."
             )
-        pairs.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"]))
+        strength = row.get("strength")
+        if strength is None:
+            strength = 1.0
+        elif isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 1 <= strength <= 2:
+            raise PreferenceDataError(f"{source}: row {index + 1}: strength must be a number from 1 (slightly better) "
+                                      f"to 2 (much better), got {strength!r}")
+        pairs.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"], strength=float(strength)))
     return pairs
 
 
@@ -130,7 +137,8 @@ def load_preference_file(path: str | os.PathLike) -> list[PreferencePair]:
             f"{path}: no column {', '.join(repr(c) for c in missing)}; preference data needs the columns prompt, "
             f"chosen, rejected (TRL's format). Columns found: {dataset.column_names}"
         )
-    return pairs_from_rows(dataset.select_columns(list(REQUIRED_COLUMNS)).to_list(), str(path))
+    columns = [*REQUIRED_COLUMNS, *(["strength"] if "strength" in dataset.column_names else [])]
+    return pairs_from_rows(dataset.select_columns(columns).to_list(), str(path))
 
 
 def _read_json_lines(path: Path) -> list[dict]:
