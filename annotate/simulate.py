@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from annotate.annotators import concision, concreteness, formality, structure
+from annotate.annotators import concision, concreteness, formality, score_scale, structure
 
 Judge = Callable[[str, str, str], str]
 VALID_JUDGEMENTS = ("a", "b", "tie", "both_bad")
@@ -220,17 +220,30 @@ class SimulationResult:
     votes: int = 0
     choices: Counter = field(default_factory=Counter)
     queue_empty: bool = False
+    much_better: int = 0
+    """a/b votes graded "much better" (strength 2); the other graded a/b votes are "slightly better"."""
+
+
+SCALE_ANSWERS = 400
+"""simulate_votes' default grading scale: score_scale over this many of the store's latest answers."""
 
 
 def simulate_votes(store, judge: Judge, annotator: str, n_votes: int, overlap: int = 1,
-                   seed: int = 0) -> SimulationResult:
+                   seed: int = 0, score: Callable[[str], float] | None = None,
+                   scale: float | None = None) -> SimulationResult:
     """Vote on up to `n_votes` waiting pairs as `annotator`, through store.next_pair and store.record_vote.
 
     The judge sees the answers on the sides the store chose for this showing, as a person would; its
-    verdict is translated back to the pair's gen_a/gen_b before recording.
+    verdict is translated back to the pair's gen_a/gen_b before recording. With `score` (the annotator's own,
+    resolve_score), a/b votes are graded as `graded` does: much better (strength 2) where the two answers' scores
+    differ by at least `scale` (default: score_scale over the store's SCALE_ANSWERS latest answers), else slightly
+    (1). The side is the judge's, so a vote that noise flipped keeps its strength.
     """
     rng = random.Random(seed)
     result = SimulationResult(annotator=annotator)
+    if score is not None and scale is None:
+        scale = score_scale(score, store.latest_answer_texts(SCALE_ANSWERS))
+    grading = score is not None and scale is not None and scale > 0
     store.add_annotator(annotator)
     for _ in range(n_votes):
         showing = store.next_pair(annotator, overlap=overlap, rng=rng)
@@ -244,7 +257,11 @@ def simulate_votes(store, judge: Judge, annotator: str, n_votes: int, overlap: i
         choice = verdict
         if verdict in ("a", "b") and not showing.a_on_left:  # the judge's "a" was the pair's gen_b
             choice = "b" if verdict == "a" else "a"
-        store.record_vote(showing.pair_id, annotator, choice, a_on_left=showing.a_on_left)
+        strength = None
+        if grading and choice in ("a", "b"):  # a score tie under a judge's a/b verdict reads as slightly better
+            strength = max(1, graded(score, showing.prompt, left, right, scale)[1])
+            result.much_better += strength == 2
+        store.record_vote(showing.pair_id, annotator, choice, a_on_left=showing.a_on_left, strength=strength)
         result.votes += 1
         result.choices[choice] += 1
     return result

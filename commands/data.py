@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from annotate.importers import PromptImportError
-from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, simulate_votes
+from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, resolve_score, simulate_votes
 from annotate.store import Store
 from commands.config import LoopConfig, config_as_toml
 
@@ -66,12 +66,14 @@ def simulate(args, config: LoopConfig) -> int:
     name = sim.annotator_name or f"sim:{args.simulate}"
     with open_store(config.app.db) as store:
         try:
-            result = simulate_votes(store, judge, name, sim.votes, overlap=config.app.overlap, seed=sim.seed)
+            result = simulate_votes(store, judge, name, sim.votes, overlap=config.app.overlap, seed=sim.seed,
+                                    score=resolve_score(args.simulate))
         except AnnotatorSpecError as error:
             return _fail(str(error))
         choices = ", ".join(f"{choice} {count}" for choice, count in sorted(result.choices.items())) or "none"
-        print(f"{name} voted {result.votes} times ({choices}); {store.pairs_waiting(overlap=config.app.overlap)} pairs "
-              f"still waiting.")
+        much = f"; {result.much_better} of the a/b votes much better" if result.much_better else ""
+        print(f"{name} voted {result.votes} times ({choices}{much}); {store.pairs_waiting(overlap=config.app.overlap)} "
+              f"pairs still waiting.")
         if result.queue_empty:
             print("The queue ran dry: generate more pairs with --generate-pairs N or run a round.")
     return 0

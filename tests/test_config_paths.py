@@ -157,9 +157,9 @@ def route_generate_pairs(monkeypatch, ws, got):
 
 
 def route_simulate(monkeypatch, ws, got):
-    def simulate_votes(store, judge, annotator, n_votes, overlap=1, seed=0):
+    def simulate_votes(store, judge, annotator, n_votes, overlap=1, seed=0, score=None):
         got.update(n_votes=n_votes, overlap=overlap, seed=seed, annotator=annotator)
-        return SimpleNamespace(votes=0, choices={}, queue_empty=False)
+        return SimpleNamespace(votes=0, choices={}, queue_empty=False, much_better=0)
 
     monkeypatch.setattr(commands.data, "simulate_votes", simulate_votes)
     return ["--simulate", "polite"]

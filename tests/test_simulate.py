@@ -1,3 +1,5 @@
+import random
+
 import pytest
 
 from annotate.annotators import (
@@ -41,6 +43,27 @@ def test_rule_votes_are_recorded_about_gen_a_and_gen_b_whatever_side_was_shown()
     assert result.votes == 6
     assert {vote.choice for vote in votes} == {"b"}  # gen_b is the longer one on every pair
     assert {vote.a_on_left for vote in votes} == {True, False}  # both sides were shown
+
+
+def test_an_annotator_with_a_score_grades_its_votes_and_a_flipped_vote_keeps_its_strength():
+    # "longer" scores by words: gaps of 1 word (2 vs 3) are slightly better, 6 words (2 vs 8) much better at scale 4
+    store = seeded_store([("two words", "three words here")] * 3 + [("two words", "eight words " * 3 + "in all")] * 3)
+    result = simulate_votes(store, resolve_judge("longer"), "sim", n_votes=6, seed=1, score=resolve_score("longer"),
+                            scale=4.0)
+    assert sorted((v.pair_id, v.choice, v.strength) for v in store.votes(annotator="sim")) == [
+        (1, "b", 1), (2, "b", 1), (3, "b", 1), (4, "b", 2), (5, "b", 2), (6, "b", 2)]
+    assert result.much_better == 3
+    flipped = seeded_store([("two words", "eight words " * 3 + "in all")] * 4)
+    simulate_votes(flipped, noisy(resolve_judge("longer"), 1.0, random.Random(0)), "sim", n_votes=4,
+                   score=resolve_score("longer"), scale=4.0)
+    assert {(v.choice, v.strength) for v in flipped.votes()} == {("a", 2)}  # every side flipped, every strength kept
+    # without a scale the store's answers give one: score_scale of {2, 8} word counts = 6, so 6 words is "much"
+    default = seeded_store([("two words", "eight words " * 3 + "in all")])
+    simulate_votes(default, resolve_judge("longer"), "sim", n_votes=1, score=resolve_score("longer"))
+    assert [(v.choice, v.strength) for v in default.votes()] == [("b", 2)]
+    ungraded = seeded_store([("two words", "three words here")])
+    simulate_votes(ungraded, resolve_judge("longer"), "sim", n_votes=1)
+    assert [(v.choice, v.strength) for v in ungraded.votes()] == [("b", None)]  # no score: no grade
 
 
 def test_simulation_stops_when_the_queue_runs_dry():

@@ -233,6 +233,10 @@ class Store(VoteRecords, RoundRecords, Reports):
             raise KeyError(f"no generation with id {generation_id}")
         return Generation(**rows[0])
 
+    def latest_answer_texts(self, limit: int) -> list[str]:
+        """The texts of the `limit` most recent generations, newest first (what a simulated annotator grades by)."""
+        return [row["text"] for row in self._rows(queries.SELECT_LATEST_ANSWER_TEXTS, {"limit": limit})]
+
     # pairs -------------------------------------------------------------------------------------------------------
 
     def add_pair(self, prompt_id: int, gen_a: int, gen_b: int, kind: str = "sample",

@@ -208,6 +208,8 @@ SELECT_PROMPTS_NEEDING_PAIRS = """
     SELECT p.id, p.text, p.source, p.created_at FROM prompts p
     ORDER BY (SELECT COUNT(*) FROM pairs WHERE pairs.prompt_id = p.id), p.id LIMIT :limit"""
 
+SELECT_LATEST_ANSWER_TEXTS = "SELECT text FROM generations ORDER BY id DESC LIMIT :limit"
+
 SELECT_OPEN_PAIRS = """
     SELECT p.id, p.n_votes FROM pairs p
     WHERE p.n_votes < :overlap
