@@ -22,8 +22,9 @@ class AnswerSampling:
     """CTRL's penalty on tokens already in the answer (the prompt is not counted: its words and the chat
     template's EOS stay free); applied to the logits before temperature, top-k and top-p (transformers' order). 1.0
     disables it; 1.2 already derails."""
-    batch_size: int = 16
-    """Sequences generated together in one left-padded batch."""
+    batch_size: int = 32
+    """Sequences generated together in one left-padded batch (a prompt's answers share its KV). 32 made 126 tokens/s
+    against 96 at 16 (default model, one core, fp32, 2 answers a prompt, 64 new tokens); 64 made no more."""
     seed: int | None = None
     """Seed for sampling, applied on a forked RNG so the caller's random state is left alone; None: not seeded."""
 
