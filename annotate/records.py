@@ -161,6 +161,8 @@ class VoteOutcome:
     """The choice now stored for this annotator and pair: this call's, or the earlier one that stands."""
     demonstration_id: int | None = None
     """The better answer written with this vote, when one was given and stored."""
+    strength: int | None = None
+    """The strength stored with `choice` (1 slightly, 2 much better; None ungraded or not an a/b vote)."""
 
 
 @dataclass(frozen=True)

@@ -27,21 +27,12 @@ from annotate.ui_session import (
     SET_COOKIE_JS, AppConfig, Session, clean_name, escape, render_untrusted, session_cookie, session_ended,
     signed_in_name,
 )
-
-# Screen choices (about what the page shows left and right) -> button label and key. Showing.stored_choice turns a
-# screen choice into one about the pair's gen_a / gen_b.
-VOTE_BUTTONS = (
-    ("left", "A is better", "1"),
-    ("right", "B is better", "2"),
-    ("tie", "Tie", "3"),
-    ("both_bad", "Both are bad", "4"),
-    ("skip", "Skip", "5"),
+from annotate.ui_votes import (
+    CHOICE_LABELS, GRADED_CHOICES, KEYS, SCREEN_CHOICES, VOTE_BUTTONS, screen_vote, stored_vote_label,
 )
-SCREEN_CHOICES = tuple(choice for choice, _label, _key in VOTE_BUTTONS)
-CHOICE_LABELS = {choice: label for choice, label, _key in VOTE_BUTTONS}
 
-# Keys 1-5 click the vote buttons.
-KEYBOARD_JS = keyboard_js({key: f"vote-{choice}" for choice, _label, key in VOTE_BUTTONS})
+# Keys 1-7 click the vote buttons (annotate/ui_votes.py: graded choices, screen sides, strengths).
+KEYBOARD_JS = keyboard_js(KEYS)
 
 
 @dataclass(frozen=True)
@@ -113,7 +104,7 @@ class AnnotateHandlers:
 
     def vote(self, choice: str, shown_pair_id: int | float | None, better_answer: str | None,
              session: Session, request: gr.Request | None = None) -> tuple[Session, AnnotateView]:
-        """The one vote handler for all five buttons and keys: record the choice, show the next pair at once.
+        """The one vote handler for all seven buttons and keys: record the choice, show the next pair at once.
 
         `shown_pair_id` is the pair the page displayed; a second submit of it (a double click, a retried request)
         finds the session already moved on and records nothing more (the store ignores a repeat as well).
@@ -135,8 +126,9 @@ class AnnotateHandlers:
         if showing is None or shown_pair_id is None or int(shown_pair_id) != showing.pair_id:
             return session, self.view(session, name, "That vote was already recorded.")
         seconds = round(time.monotonic() - session.shown_at, 3)
-        outcome = self.store.submit_vote(showing.pair_id, name, showing.stored_choice(choice), showing.a_on_left,
-                                         seconds, better_answer)
+        side, strength = screen_vote(choice)
+        outcome = self.store.submit_vote(showing.pair_id, name, showing.stored_choice(side), showing.a_on_left,
+                                         seconds, better_answer, strength=strength)
         if outcome.recorded:
             notes = [f"Recorded: {CHOICE_LABELS[choice]}."]
             if outcome.demonstration_id is not None:
@@ -144,7 +136,8 @@ class AnnotateHandlers:
             if self.runner.maybe_auto_start():
                 notes.append("A training round started automatically.")
         else:  # another tab of this person (or a parallel submit) voted on this pair first
-            notes = [f"Your earlier vote ({CHOICE_LABELS[showing.screen_choice(outcome.choice)]}) stands; this one "
+            earlier = stored_vote_label(showing.screen_choice(outcome.choice), outcome.strength)
+            notes = [f"Your earlier vote ({earlier}) stands; this one "
                      f"was not recorded{' (nor its better answer)' if (better_answer or '').strip() else ''}."]
         session = self._show_next(session, name)
         view = self.view(session, name, " ".join(notes))
@@ -317,7 +310,7 @@ def _build_annotate_tab(handlers: AnnotateHandlers, config: AppConfig, session: 
             with gr.Row(elem_id="vote-bar"):  # sticks to the bottom of the screen (ui_style.CSS)
                 buttons = {
                     choice: gr.Button(f"{label}  [{key}]", elem_id=f"vote-{choice}",
-                                      variant="primary" if choice in ("left", "right") else "secondary")
+                                      variant="primary" if choice in GRADED_CHOICES else "secondary")
                     for choice, label, key in VOTE_BUTTONS
                 }
             better_answer = gr.Textbox(label="Optional: write a better answer (saved with your vote as an example "

@@ -51,7 +51,10 @@ CSS = """
 @media (max-width: 640px) {
   #answer-left, #answer-right { max-height: 30vh; }
   #prompt { max-height: 22vh; }
-  #vote-bar button { flex: 1 1 30%; padding: 6px 4px; font-size: 0.85em; }
+  /* the A/B scale on one row of five, both-bad and skip on a second row */
+  #vote-bar { gap: 4px; }
+  #vote-bar button { flex: 1 1 17%; padding: 4px 2px; font-size: 0.8em; line-height: 1.2; }
+  #vote-bar #vote-both_bad, #vote-bar #vote-skip { flex: 1 1 40%; }
 }
 """
 

@@ -106,14 +106,15 @@ def test_sign_in_vote_with_a_click_and_with_a_key_and_find_the_votes_in_sqlite(b
     page.click("#vote-left")
     second = wait_for_new_prompt(page, first)
     page.locator("#vote-tie").focus()  # focus on a button still lets keys through; only text boxes keep them
-    page.keyboard.press("2")
+    page.keyboard.press("5")  # B much better
     third = wait_for_new_prompt(page, second)
     assert len({first, second, third}) == 3
     page.wait_for_function("() => document.querySelector('#progress').innerText.includes('your votes: 2')")
     page.screenshot(path=str(tmp_path / "annotate.png"), full_page=True)
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT pair_id, annotator, choice, a_on_left FROM votes ORDER BY id").fetchall()
-    # the left button means gen_a when gen_a was drawn to the left; key 2 means the right-hand answer
+        assert conn.execute("SELECT strength FROM votes ORDER BY id").fetchall() == [(1,), (2,)]
+    # the left button means gen_a when gen_a was drawn to the left; key 5 means the right-hand answer, much better
     assert [(pair, who) for pair, who, _c, _s in rows] == [(1, "alice"), (2, "alice")]
     assert rows[0][2] == ("a" if rows[0][3] else "b") and rows[1][2] == ("b" if rows[1][3] else "a")
 

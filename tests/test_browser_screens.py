@@ -101,7 +101,7 @@ def test_vote_buttons_stay_in_reach_long_prompts_fold_and_the_next_prompt_shows_
                            " && document.getElementById('answer-right').scrollTop === 0")
     assert second == "Explain the tides in depth." and page_height_in_screens(page) > 1
     assert page.evaluate("() => document.getElementById('prompt').getBoundingClientRect().top") >= 0
-    assert "Recorded: A is better." in page.inner_text("#status") and vote_buttons_in_view(page) == []
+    assert "Recorded: A slightly better." in page.inner_text("#status") and vote_buttons_in_view(page) == []
     page.click("#vote-right")
     second = wait_for_new_prompt(page, second)
 

@@ -82,8 +82,21 @@ def test_vote_records_the_choice_about_gen_a_gen_b_with_side_and_seconds_then_sh
     [vote] = app_parts.store.votes(annotator="alice")
     assert (vote.pair_id, vote.choice, vote.a_on_left) == (1, "a" if shown.a_on_left else "b", shown.a_on_left)
     assert 0 <= vote.seconds < 5
-    assert view.recorded and view.pair_id == 2 and "Recorded: A is better." in view.status
+    assert view.recorded and view.pair_id == 2 and "Recorded: A slightly better." in view.status
+    assert vote.strength == 1
     assert "your votes: 1" in view.progress and "pairs left: 2" in view.progress
+
+
+def test_the_graded_buttons_store_side_and_strength_and_the_others_none(app_parts):
+    session, _ = signed_in(app_parts, "alice")
+    session, view = app_parts.annotate.vote("left_much", 1, "", session)
+    assert "Recorded: A much better." in view.status
+    session, _ = app_parts.annotate.vote("right_much", 2, "", session)
+    session, _ = app_parts.annotate.vote("right", 3, "", session)
+    votes = app_parts.store.votes(annotator="alice")
+    assert [(v.pair_id, v.strength) for v in votes] == [(1, 2), (2, 2), (3, 1)]
+    # the side is the one the screen showed: left is gen_a when gen_a was drawn to the left
+    assert [v.choice == "a" for v in votes] == [votes[0].a_on_left, not votes[1].a_on_left, not votes[2].a_on_left]
 
 
 def test_right_tie_and_both_bad_are_stored_as_such(app_parts):
@@ -94,6 +107,7 @@ def test_right_tie_and_both_bad_are_stored_as_such(app_parts):
     session, _ = app_parts.annotate.vote("both_bad", 3, "", session)
     assert [(v.pair_id, v.choice) for v in app_parts.store.votes(annotator="alice")] == [
         (1, "b" if a_on_left else "a"), (2, "tie"), (3, "both_bad")]
+    assert [v.strength for v in app_parts.store.votes(annotator="alice")] == [1, None, None]
 
 
 def test_skip_is_recorded_and_the_skipped_pair_does_not_come_back(app_parts):

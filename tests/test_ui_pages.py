@@ -31,9 +31,11 @@ def test_a_second_tab_voting_otherwise_on_the_same_pair_is_told_the_earlier_vote
     first_tab, second_tab = on_screen(first_tab, a_on_left=True), on_screen(second_tab, a_on_left=False)
     _, first = app_parts.annotate.vote("left", 1, "", first_tab)
     second_tab, second = app_parts.annotate.vote("left", 1, "A better one.", second_tab)
-    assert first.status == "Recorded: A is better."
-    # gen_a won in the first tab; the second tab shows gen_a on the right, so the vote that stands is "B is better"
-    assert second.status == "Your earlier vote (B is better) stands; this one was not recorded (nor its better answer)."
+    assert first.status == "Recorded: A slightly better."
+    # gen_a won in the first tab; the second tab shows gen_a on the right, so the vote that stands is "B slightly
+    # better"
+    assert second.status == ("Your earlier vote (B slightly better) stands; this one was not recorded (nor its "
+                             "better answer).")
     assert not second.recorded and second.earlier_vote_stands and second.pair_id == 2
     assert [(v.pair_id, v.annotator, v.choice) for v in app_parts.store.votes()] == [(1, "alice", "a")]
     assert app_parts.store.demonstrations() == []
@@ -54,8 +56,8 @@ def test_ten_parallel_votes_from_one_session_store_one_vote_and_one_better_answe
         thread.start()
     for thread in threads:
         thread.join(timeout=30)
-    assert sorted(statuses) == ["Recorded: A is better. Your better answer was saved."] + [
-        "Your earlier vote (A is better) stands; this one was not recorded (nor its better answer)."] * 9
+    assert sorted(statuses) == ["Recorded: A slightly better. Your better answer was saved."] + [
+        "Your earlier vote (A slightly better) stands; this one was not recorded (nor its better answer)."] * 9
     assert [(v.pair_id, v.choice) for v in app_parts.store.votes()] == [(1, "a")]
     assert app_parts.store.demonstrations() == [("Prompt 1", "Hi! How can I help?")]
 

@@ -239,7 +239,7 @@ INSERT_VOTE = """
     INSERT INTO votes (pair_id, annotator, choice, a_on_left, seconds, created_at, strength)
     VALUES (?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (pair_id, annotator) DO NOTHING"""
-SELECT_VOTE_CHOICE = "SELECT choice FROM votes WHERE pair_id = ? AND annotator = ?"
+SELECT_VOTE_CHOICE = "SELECT choice, strength FROM votes WHERE pair_id = ? AND annotator = ?"
 SELECT_VOTES = """
     SELECT id, pair_id, annotator, choice, a_on_left, seconds, created_at, strength FROM votes
     WHERE (:annotator IS NULL OR annotator = :annotator) AND (:pair_id IS NULL OR pair_id = :pair_id)

@@ -53,13 +53,14 @@ class VoteRecords:
                 queries.INSERT_VOTE, (pair_id, annotator, choice, int(bool(a_on_left)), seconds, created, strength)
             )
             if cursor.rowcount == 1:
-                outcome = VoteOutcome(recorded=True, choice=choice)
+                outcome = VoteOutcome(recorded=True, choice=choice, strength=strength)
                 if better_answer:
                     outcome = replace(outcome, demonstration_id=self._insert_pair_demonstration(
                         db, pair_id, annotator, better_answer, created))
             else:
-                standing = db.conn.execute(queries.SELECT_VOTE_CHOICE, (pair_id, annotator)).fetchone()[0]
-                outcome = VoteOutcome(recorded=False, choice=standing)
+                standing, standing_strength = db.conn.execute(queries.SELECT_VOTE_CHOICE,
+                                                              (pair_id, annotator)).fetchone()
+                outcome = VoteOutcome(recorded=False, choice=standing, strength=standing_strength)
         self._release_reservation(annotator, pair_id)
         return outcome
 
