@@ -17,7 +17,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from annotate.annotators import concision, concreteness, formality, score_scale, structure
+from annotate.annotators import (
+    concision,
+    concreteness,
+    formality,
+    score_scale,
+    structure,
+)
 
 Judge = Callable[[str, str, str], str]
 VALID_JUDGEMENTS = ("a", "b", "tie", "both_bad")
