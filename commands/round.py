@@ -274,7 +274,8 @@ def demo_loop(args, config: LoopConfig) -> int:
                  f"{', chosen by the reward model at ' + judge_path if pair_judge is not None else ''}.")
             queue_pairs(store, latest.path, None, sim.votes - waiting, latest.id, config.votes, judge=pair_judge,
                         sampling=config.sampling, seed=sim.seed + rounds_before + round_number, show_bar=True)
-        voted = simulate_votes(store, voter, name, sim.votes, seed=sim.seed + rounds_before + round_number)
+        voted = simulate_votes(store, voter, name, sim.votes, seed=sim.seed + rounds_before + round_number,
+                               score=score)  # graded by the rule's score, where it has one
         _log(f"Demo round {round_number} of {sim.rounds}: {name} cast {voted.votes} votes.")
         try:
             result = run_round(config.app.db, config.app.model, config, log=_log, exclude_prompts=set(eval_prompts),

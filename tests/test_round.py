@@ -144,7 +144,7 @@ def test_a_round_rewarded_by_a_function_and_its_ceiling_beside_it(tmp_path, tiny
     assert store.round(result.round_id).status == "done" and metrics["round/pairs_generated"] > 0
 
 
-def test_the_round_plan_carries_each_preferences_source(tiny_model_dir):
+def test_the_round_plan_carries_each_preferences_source_and_strength(tiny_model_dir):
     from annotate.records import NewGeneration, NewPair
     from rlhf.round.run import plan_round
 
@@ -161,11 +161,11 @@ def test_the_round_plan_carries_each_preferences_source(tiny_model_dir):
     store.add_pairs_bulk([new_pair(1, chosen_by="random"), new_pair(2, chosen_by="uncertain"), new_pair(3),
                           new_pair(4, kind="versus")])
     for pair_id in (1, 2, 3, 4):
-        store.record_vote(pair_id, "ann", "a", True)
+        store.record_vote(pair_id, "ann", "a", True, strength=2 if pair_id == 3 else 1)  # q3: "A is much better"
     config = load_config(None, ["round.min_new_pairs=1", "round.checkpoints_dir=unused"])
     plan = plan_round(store, str(tiny_model_dir), config, log=lambda message: None)
-    assert plan.preferences == [("q1", "a1", "b1", "sample"), ("q2", "a2", "b2", "chosen"),
-                                ("q3", "a3", "b3", "sample"), ("q4", "a4", "b4", "versus")]
+    assert plan.preferences == [("q1", "a1", "b1", "sample", 1.0), ("q2", "a2", "b2", "chosen", 1.0),
+                                ("q3", "a3", "b3", "sample", 2.0), ("q4", "a4", "b4", "versus", 1.0)]
 
 
 def test_two_databases_sharing_a_checkpoints_dir_keep_their_own_round_folders(tmp_path, tiny_model_dir):
@@ -259,8 +259,11 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     vote_seeds = []
     simulate = annotate.simulate.simulate_votes
 
+    vote_scores = []
+
     def recording_simulate_votes(*args, seed=0, **kwargs):
         vote_seeds.append(seed)
+        vote_scores.append(kwargs.get("score"))
         return simulate(*args, seed=seed, **kwargs)
 
     monkeypatch.setattr(annotate.simulate, "simulate_votes", recording_simulate_votes)
@@ -307,6 +310,8 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     store = Store(db)
     assert [p.round for p in store.policies()] == [0, 1, 2]
     assert len(store.votes(annotator="sim:longer")) == 16
+    # votes graded by the rule's own score (`longer`: words), as a person says "much" or "slightly" better
+    assert all(score is not None and score("one two three") == 3.0 for score in vote_scores)
     assert [r.status for r in store.rounds()] == ["done", "done"]
     # the same database again, with the oracle's ceiling: its rows go on from the database's round 3, not from 1
     code = app.main(["--demo-loop", "--rounds", "1", "--annotator", "longer", "--votes", "8", "--eval-prompts", "4",

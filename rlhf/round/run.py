@@ -82,9 +82,10 @@ class RoundPlan:
     """Row of this round in the rounds table."""
     policy_round: int
     """Round number the new policy is recorded under (last policy's + 1)."""
-    preferences: list[tuple[str, str, str, str]]
-    """(prompt, chosen, rejected, source) of every pair with a majority among a/b votes, all rounds; source is
-    "sample", "versus" or "chosen" (rlhf.reward.data.PAIR_SOURCES: held-out accuracy is reported by source)."""
+    preferences: list[tuple[str, str, str, str, float]]
+    """(prompt, chosen, rejected, source, strength) of every pair with a majority among a/b votes, all rounds; source is
+    "sample", "versus" or "chosen" (rlhf.reward.data.PAIR_SOURCES: held-out accuracy is reported by source);
+    strength 1 (slightly better) to 2 (much), the mean of the majority's graded votes."""
     new_pairs: int
     """Preference pairs that arrived since the last finished round."""
     reference_path: str
@@ -139,7 +140,7 @@ def plan_round(store: Store, base_model: str, config: TrainingConfig, exclude_pr
     if stale:
         log(f"Marked crashed round(s) {', '.join(map(str, stale))} as failed; resuming from what they finished.")
     store.ensure_base_policy(base_model)
-    preferences = [(p.prompt, p.chosen, p.rejected, p.source) for p in store.preferences()]
+    preferences = [(p.prompt, p.chosen, p.rejected, p.source, p.strength) for p in store.preferences()]
     last_done = store.last_done_round()
     used_before = int(last_done.metrics.get("round/pairs_used", 0)) if last_done else 0
     new_pairs = len(preferences) - used_before
