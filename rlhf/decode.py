@@ -14,8 +14,8 @@ weights read per step), so the step itself only gets cheaper with fewer bytes (b
 - projects only the last prompt position onto the vocabulary at prefill (`logits_to_keep=1`);
 - drops a row from the batch, cache included, as soon as it writes EOS, so later steps compute only live rows.
 
-A `torch.compile`d step with a static cache was slower on CPU (175 ms against 139 ms eager, after 52 s compiling:
-`bench/generate.py`'s docstring keeps the measurement) and is not used.
+A `torch.compile`d step with a static cache was slower on CPU (175 ms against 139 ms eager, after 52 s compiling;
+docs/benchmarks.md, "Generation speed") and is not used.
 """
 
 from __future__ import annotations
