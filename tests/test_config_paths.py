@@ -176,7 +176,7 @@ def route_demo_loop(monkeypatch, ws, got):
         got["eval_sampling"] = sampling
         return ["Thank you, glad to help."] * (len(prompts) * per_prompt)
 
-    def simulate_votes(store, judge, annotator, n_votes, overlap=1, seed=0):
+    def simulate_votes(store, judge, annotator, n_votes, overlap=1, seed=0, score=None):
         got.update(n_votes=n_votes, annotator=annotator)
         return SimpleNamespace(votes=n_votes, choices={}, queue_empty=False)
 
