@@ -63,6 +63,15 @@ class Decoding:
         return self.temperature <= 0
 
 
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions 0, 1, 2, ... counted over real tokens only, so a padded row gets the positions it has unpadded
+    (left padding does not shift RoPE). Padding gets 1, as transformers' `generate` gives it: any valid index
+    works, padded keys are masked out of attention.  (B, L) -> (B, L)
+    """
+    position_ids = attention_mask.long().cumsum(-1) - 1  # (B, L)
+    return position_ids.masked_fill(attention_mask == 0, 1)  # (B, L)
+
+
 def penalise_repeats(logits: Tensor, answer_tokens: Tensor, penalty: float) -> Tensor:
     """CTRL's repetition penalty as transformers applies it: each token already in the answer has its logit divided by
     `penalty` when positive, multiplied when negative (once, however often it occurred).
@@ -104,11 +113,11 @@ def choose_tokens(logits: Tensor, decoding: Decoding, with_log_probs: bool = Fal
     return ids.gather(1, pick).squeeze(1), log_probs
 
 
-def _forward(model, tokens: Tensor, mask: Tensor, positions: Tensor, cache, start: int) -> Tensor:
-    """Last-position logits (B, V) in fp32 of `tokens` (B, L) appended to the cache at `start`."""
+def _forward(model, tokens: Tensor, mask: Tensor, positions: Tensor, cache: dict, start: int) -> Tensor:
+    """Last-position logits (B, V) in fp32 of `tokens` (B, L) appended at `start` to the cache ({argument name: it})."""
     cache_position = torch.arange(start, start + tokens.shape[1], device=tokens.device)
     out = model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
-                cache_position=cache_position, logits_to_keep=1, **{cache_argument(model): cache})
+                cache_position=cache_position, logits_to_keep=1, **cache)
     return out.logits[:, -1].float()
 
 
@@ -134,9 +143,9 @@ def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, decoding: Decoding, n
     """
     device = prompt_ids.device
     width = prompt_ids.shape[1]
-    positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 1)  # (Bp, P) as generate() gives
     cache = DynamicCache(config=model.config)
-    logits = _forward(model, prompt_ids, prompt_mask, positions, cache, 0)  # (Bp, V)
+    cache_kwarg = {cache_argument(model): cache}  # the argument's name, looked up once
+    logits = _forward(model, prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask), cache_kwarg, 0)  # (Bp, V)
     mask = prompt_mask.long()
     next_position = mask.sum(dim=1)  # (Bp,) real tokens so far = the next token's position
     if n_per_prompt > 1:  # the prompt's KV once, its rows repeated for each answer
@@ -172,6 +181,6 @@ def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, decoding: Decoding, n
         if steps == decoding.max_new_tokens:
             break
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)  # (b, P + steps)
-        logits = _forward(model, tokens.unsqueeze(1), mask, next_position.unsqueeze(1), cache, width + step)
+        logits = _forward(model, tokens.unsqueeze(1), mask, next_position.unsqueeze(1), cache_kwarg, width + step)
         next_position = next_position + 1
     return Decoded(response[:, :steps], ended, None if drawn_log_probs is None else drawn_log_probs[:, :steps])

@@ -123,15 +123,6 @@ def pad_sequences(sequences: list[list[int]], pad_id: int, side: str = "left") -
     return ids, mask
 
 
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions 0, 1, 2, ... counted over real tokens only, so a padded row gets the positions it has unpadded
-    (left padding does not shift RoPE). Padding gets 1, as transformers' `generate` gives it: any valid index
-    works, padded keys are masked out of attention.  (B, L) -> (B, L)
-    """
-    position_ids = attention_mask.long().cumsum(-1) - 1  # (B, L)
-    return position_ids.masked_fill(attention_mask == 0, 1)  # (B, L)
-
-
 def response_mask_until_eos(response_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask (B, T) of tokens up to and including the first EOS of each row, and (B,) whether an EOS was found."""
     is_eos = torch.isin(response_ids, torch.tensor(eos_ids, device=response_ids.device))  # (B, T)
@@ -160,14 +151,13 @@ def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], samplin
     """
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    prompt_ids, prompt_mask = pad_sequences(prompt_token_ids, pad_id)  # (Bp, P), (Bp, P) left-padded
     device = next(model.parameters()).device
-    decoded = decode(model, prompt_ids.to(device), prompt_mask.to(device), answer_decoding(sampling, eos_ids, pad_id),
-                     n_per_prompt, on_row_end=on_row_end, on_step=on_step)
+    prompt_ids, prompt_mask = (t.to(device) for t in pad_sequences(prompt_token_ids, pad_id))  # (Bp, P) left-padded
+    decoded = decode(model, prompt_ids, prompt_mask, answer_decoding(sampling, eos_ids, pad_id), n_per_prompt,
+                     on_row_end=on_row_end, on_step=on_step)
     response_mask, _ = response_mask_until_eos(decoded.response, eos_ids)  # (B, T)
     rows = torch.arange(len(prompt_token_ids), device=device).repeat_interleave(n_per_prompt)  # (B,)
-    return TokenBatch(prompt_ids.to(device)[rows], prompt_mask.to(device)[rows], decoded.response, response_mask,
-                      decoded.ended)
+    return TokenBatch(prompt_ids[rows], prompt_mask[rows], decoded.response, response_mask, decoded.ended)
 
 
 def decode_answer(tokenizer, tokens: list[int], ended: bool) -> Answer:

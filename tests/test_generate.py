@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from rlhf.decode import position_ids_from_mask
 from rlhf.generate import (
     AnswerSampling,
     TokenBatch,
@@ -11,9 +12,10 @@ from rlhf.generate import (
     generate_answers,
     generate_tokens,
     pad_sequences,
-    pad_sequences as left_pad,  # the default side is left
-    position_ids_from_mask,
     response_mask_until_eos,
+)
+from rlhf.generate import (
+    pad_sequences as left_pad,  # the default side is left
 )
 from rlhf.models import load_causal_lm, load_tokenizer
 

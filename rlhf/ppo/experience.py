@@ -13,8 +13,8 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import GenerationConfig
 
-from rlhf.decode import Decoding, decode
-from rlhf.generate import position_ids_from_mask, response_mask_until_eos
+from rlhf.decode import Decoding, decode, position_ids_from_mask
+from rlhf.generate import response_mask_until_eos
 from rlhf.losses import entropy_from_logits, gather_log_probs
 from rlhf.warping import Warping
 

@@ -30,9 +30,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, PreTrainedModel
 
-from rlhf.generate import position_ids_from_mask
+from rlhf.decode import position_ids_from_mask
 from rlhf.losses import last_token_scores, masked_mean
-from rlhf.models import ModelNotFoundError, cache_argument, load_causal_lm, load_tokenizer
+from rlhf.models import (
+    ModelNotFoundError,
+    cache_argument,
+    load_causal_lm,
+    load_tokenizer,
+)
 
 MARKER_FILE = "reward_model.json"
 HEAD_FILE = "v_head.safetensors"

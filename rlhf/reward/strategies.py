@@ -26,13 +26,26 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from rlhf.generate import pad_sequences, position_ids_from_mask
+from rlhf.decode import position_ids_from_mask
+from rlhf.generate import pad_sequences
 from rlhf.losses import graded_terms, masked_mean
 from rlhf.reward import bt_head
-from rlhf.reward.model import MARKER_FILE, RewardModel, load_reward_model, load_reward_tokenizer
-from rlhf.reward.data import (PairLike, PreferencePair, TokenizedPair, heldout_accuracies, pair_strength,
-                              split_pairs, tokenize_pairs)
 from rlhf.reward.config import STRATEGIES, StrategyConfig, VotesConfig
+from rlhf.reward.data import (
+    PairLike,
+    PreferencePair,
+    TokenizedPair,
+    heldout_accuracies,
+    pair_strength,
+    split_pairs,
+    tokenize_pairs,
+)
+from rlhf.reward.model import (
+    MARKER_FILE,
+    RewardModel,
+    load_reward_model,
+    load_reward_tokenizer,
+)
 from rlhf.reward.train import train_reward_model
 
 HEADS_FILE = "bt_heads.safetensors"
