@@ -31,18 +31,24 @@ from annotate.policy_pairs import policy_answers
 from annotate.simulate import resolve_judge, resolve_score
 from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
 from commands.config import load_config
-from commands.round import head_to_head, mean_score, repeat_each
+from commands.round import judged, oracle_reward, repeat_each
 from rlhf.models import resolve_model_path
 from rlhf.ppo.train import train_ppo
+from rlhf.round.config import function_ppo_settings
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reward-model", required=True, help="a reward model folder (a round's `reward`)")
+    parser.add_argument("--reward-model", required=True,
+                        help="a reward model folder (a round's `reward`): PPO's reward, and the critic's start")
+    parser.add_argument("--oracle", action="store_true",
+                        help="reward PPO with the annotator's own score (normalised) instead of the reward model: "
+                             "what these PPO settings buy with a perfect reward (the critic still starts from "
+                             "--reward-model)")
     parser.add_argument("--policy", default="default", help="PPO's start and reference (default: the default model)")
     parser.add_argument("--annotator", default="courteous", help="a built-in rule with a score (default courteous)")
     parser.add_argument("--prompts", default="data/prompts.jsonl")
-    parser.add_argument("--eval-prompts", type=int, default=48, help="held-out prompts judged (default 48)")
+    parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts judged (default 64)")
     parser.add_argument("--eval-answers", type=int, default=4, help="answers to each judged prompt (default 4)")
     parser.add_argument("--steps", type=int, default=32, help="PPO steps (default 32)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -59,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     judge = resolve_judge(args.annotator)
     config = load_config(None, args.set)
     ppo = replace(config.ppo, steps=args.steps)
+    if args.oracle:
+        ppo = function_ppo_settings(ppo)
     machine = describe_machine()
     print(machine_line(machine), flush=True)
     check_bf16(ppo.mixed_precision == "bf16", args.allow_emulated_bf16, machine,
@@ -73,23 +81,28 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     first = policy_answers(start, held_out, sampling, args.eval_answers)
     result = train_ppo(start, args.reward_model, train, ppo, args.out, reference_path=start,
-                       critic_path=args.reward_model)
+                       critic_path=args.reward_model, reward_function=oracle_reward(score, args.annotator) if args.oracle else None)
     new = policy_answers(args.out, held_out, sampling, args.eval_answers)
     history = result.history
+    prompts_each = repeat_each(held_out, args.eval_answers)
+    verdicts = judged(judge, score, prompts_each, new, first, args.eval_answers)
+    first_verdicts = judged(judge, score, prompts_each, first, first, args.eval_answers)
     windows = [history[i:i + 8] for i in range(0, len(history), 8)]
     row = {
-        "annotator": args.annotator, "steps": args.steps, "lam": ppo.lam, "actor_lr": ppo.actor_lr,
+        "annotator": args.annotator, "reward": "oracle" if args.oracle else args.reward_model, "steps": args.steps,
+        "ppo_epochs": ppo.ppo_epochs, "mini_batch_size": ppo.mini_batch_size, "kl_ctl": ppo.kl_ctl, "lam": ppo.lam, "actor_lr": ppo.actor_lr,
         "normalize_rewards": ppo.normalize_rewards, "whiten_advantages": ppo.whiten_advantages,
-        "first_score": mean_score(score, first), "score": mean_score(score, new),
+        "first_score": first_verdicts["judge_score"], "first_score_se": first_verdicts["judge_score_se"],
+        "score": verdicts["judge_score"], "score_se": verdicts["judge_score_se"],
         "first_scored": sum(score(a) > 0 for a in first) / len(first), "scored": sum(score(a) > 0 for a in new) / len(new),
-        **head_to_head(judge, repeat_each(held_out, args.eval_answers), new, first),
+        **{key: value for key, value in verdicts.items() if not key.startswith("judge_score")},
         "rm_score_by_8_steps": [round(sum(m["ppo/score"] for m in w) / len(w), 4) for w in windows],
         "kl_last_4": sum(m["ppo/kl"] for m in history[-4:]) / len(history[-4:]),
         "seconds": round(time.perf_counter() - started, 1),
         "machine": machine,
     }
     print(f"{args.annotator} score {row['first_score']:.4f} -> {row['score']:.4f}; answers scored above 0 "
-          f"{row['first_scored']:.1%} -> {row['scored']:.1%}; win rate {row['win_rate']:.1%} ({row['wins']} / "
+          f"{row['first_scored']:.1%} -> {row['scored']:.1%}; win rate {row['win_rate']:.1%} (95% CI {row['win_rate_low']:.1%}-{row['win_rate_high']:.1%}; {row['wins']} / "
           f"{row['losses']} / {row['ties']}); KL {row['kl_last_4']:.2f}")
     print(json.dumps(row))
     return 0

@@ -278,6 +278,17 @@ def test_ppo_raises_a_programmatic_reward(peaked_model_dir, tokenizer):
     assert history[0]["ppo/approx_kl"] == 0.0  # first update's ratio is exactly 1: the same forward pass
 
 
+def test_a_run_stops_after_the_step_whose_kl_passes_stop_at_kl(peaked_model_dir, tokenizer):
+    trainer = learning_trainer(peaked_model_dir, tokenizer, steps=6, stop_at_kl=1.0)
+    kls = iter([0.0, 0.6, 1.0, 1.4, 0.2, 0.1])  # the third is at the limit, not above it: the fourth ends the run
+    trainer.step = lambda batch: {"ppo/score": 0.0, "ppo/kl": next(kls)}
+    history = trainer.train(PROMPTS * 4)
+    assert [m["ppo/kl"] for m in history] == [0.0, 0.6, 1.0, 1.4]
+    assert [m["ppo/step"] for m in history] == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="stop_at_kl"):
+        PPOConfig(stop_at_kl=-0.5)
+
+
 def test_lora_ppo_learns_with_the_reference_held_once(peaked_model_dir, tokenizer, tmp_path):
     # fp32: the reference must equal the base model to 1e-5, which bf16 autocast (auto on a bf16 CPU) would not
     trainer = learning_trainer(peaked_model_dir, tokenizer, steps=6, use_lora=True, lora_lr=1e-3, mixed_precision="no")

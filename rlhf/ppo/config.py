@@ -58,6 +58,10 @@ class PPOConfig:
     """Target KL per sequence (summed over its tokens) of the adaptive controller."""
     kl_horizon: float = 10000.0
     """Horizon (in sequences) of the adaptive controller: larger moves kl_ctl more slowly."""
+    stop_at_kl: float = 0.0
+    """End the run early, after the step whose mean KL per answer to the reference (ppo/kl, summed over the answer's
+    tokens) is above this; 0 = off. A budget of drift: a reward model fitted on few votes is over-optimised long before
+    the steps run out, and its held-out votes are too few to tell when."""
     whiten_advantages: bool = False
     """Whiten advantages over the batch's response tokens (TRL does; DeepSpeed-Chat does not)."""
     normalize_rewards: bool = False
@@ -99,6 +103,8 @@ class PPOConfig:
             raise ValueError(f"top_k must be 0 (off) or a number of tokens, not {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be above 0 and at most 1 (1 = off), not {self.top_p}")
+        if self.stop_at_kl < 0:
+            raise ValueError(f"stop_at_kl must be 0 (off) or a KL per answer above 0, not {self.stop_at_kl}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, not {self.mixed_precision!r}")
 

@@ -309,7 +309,8 @@ class PPOTrainer:
     # ----- runs and saving -----
 
     def train(self, prompts: list[str], on_step: Callable[[dict], None] | None = None) -> list[dict]:
-        """Steps over the prompts (this process's share), as many as config.steps or config.epochs say.
+        """Steps over the prompts (this process's share), as many as config.steps or config.epochs say, or fewer when
+        a step's KL passes config.stop_at_kl.
 
         `on_step(metrics)` runs after every step on every process, with the metrics averaged over processes.
         """
@@ -333,6 +334,10 @@ class PPOTrainer:
                 on_step(metrics)
             progress.update(1)
             progress.set_postfix(score=f"{metrics['ppo/score']:.3f}", kl=f"{metrics['ppo/kl']:.3f}")
+            if config.stop_at_kl and metrics["ppo/kl"] > config.stop_at_kl:  # the same reduced KL on every process
+                progress.write(f"PPO: stopped after step {step_index + 1} of {total}: KL {metrics['ppo/kl']:.3f} per "
+                               f"answer is above ppo.stop_at_kl = {config.stop_at_kl}.")
+                break
         progress.close()
         return history
 
