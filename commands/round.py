@@ -207,6 +207,10 @@ def repeat_each(prompts: list[str], times: int) -> list[str]:
     return [prompt for prompt in prompts for _ in range(times)]
 
 
+MAX_PAIR_CALLS = 4
+"""Calls the demo makes to fill its queue to simulate.votes pairs before a round (each makes at most one a prompt)."""
+
+
 def demo_loop(args, config: LoopConfig) -> int:
     """simulate -> round, R times, on the shipped prompts; the judge's win rate of each policy against the first, with
     its interval, on the same held-out prompts every round; with simulate.reward = "oracle" PPO chases the annotator's
@@ -265,15 +269,22 @@ def demo_loop(args, config: LoopConfig) -> int:
     rows = []
     for round_number in range(1, sim.rounds + 1):
         started = time.perf_counter()
-        waiting = store.pairs_waiting()
-        if waiting < sim.votes:  # as the app's "generate now": chosen by the last reward model once there is one
+        # as the app's "generate now": chosen by the last reward model once there is one; a call makes at most one
+        # pair a prompt, so asking for more votes than there are prompts takes a second call on the least-used ones
+        for call in range(MAX_PAIR_CALLS):
+            waiting = store.pairs_waiting()
+            if waiting >= sim.votes:
+                break
             latest = store.latest_policy()
             judge_path = pair_judge_path(store)
             pair_judge = load_pair_judge(judge_path, config.votes)  # not the annotator: the reward model
             _log(f"Generating {sim.votes - waiting} pairs from policy {latest.id} to vote on"
                  f"{', chosen by the reward model at ' + judge_path if pair_judge is not None else ''}.")
             queue_pairs(store, latest.path, None, sim.votes - waiting, latest.id, config.votes, judge=pair_judge,
-                        sampling=config.sampling, seed=sim.seed + rounds_before + round_number, show_bar=True)
+                        sampling=config.sampling, seed=sim.seed + rounds_before + round_number + 1000 * call,
+                        show_bar=True)
+            if store.pairs_waiting() == waiting:  # nothing usable came back: vote on what there is
+                break
         voted = simulate_votes(store, voter, name, sim.votes, seed=sim.seed + rounds_before + round_number,
                                score=score)  # graded by the rule's score, where it has one
         _log(f"Demo round {round_number} of {sim.rounds}: {name} cast {voted.votes} votes.")

@@ -407,3 +407,27 @@ def test_demo_loop_refuses_zero_evaluation_answers_before_touching_the_database(
     assert "app.py: [simulate]: eval_prompts and eval_answers must be at least 1 (got 64 and 0)" in \
         capsys.readouterr().err
     assert not db.exists()
+
+
+def test_demo_loop_fills_its_queue_past_one_pair_a_prompt(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """A call makes at most one pair a prompt: asking for more votes than the database has prompts takes more calls
+    (on the least-used prompts), so a round gets the votes it was asked for."""
+    import commands.round
+    from rlhf.round.checks import RoundRefused
+
+    def refuse(*args, **kwargs):
+        raise RoundRefused("stop after the votes")
+
+    monkeypatch.setattr(commands.round, "run_round", refuse)
+    db = tmp_path / "demo.db"
+    store = Store(db)
+    store.add_prompts(PROMPTS[:5], source="test")
+    store.close()
+    settings = [arg for setting in tiny_settings(tmp_path) for arg in ("--set", setting)]
+    code = app.main(["--demo-loop", "--rounds", "1", "--annotator", "longer", "--votes", "12", "--eval-prompts", "1",
+                     "--eval-answers", "1", "--db", str(db), "--model", str(tiny_model_dir), *settings])
+    assert code != 0 and "stop after the votes" in capsys.readouterr().err
+    store = Store(db)
+    votes = store.votes(annotator="sim:longer")
+    assert len(votes) == 12  # 5 prompts: three calls of 5, 5 and 2 pairs
+    assert store.count_prompts() == 5
