@@ -31,7 +31,7 @@ from rlhf.losses import (
     masked_whiten,
     truncation_penalty,
 )
-from rlhf.generate import encode_prompt, eos_token_ids, pad_sequences
+from rlhf.generate import decode_answer, encode_prompt, eos_token_ids, pad_sequences
 from rlhf.ppo.config import PPOConfig
 from rlhf.ppo.experience import (
     Experience,
@@ -152,9 +152,8 @@ class PPOTrainer:
         texts = []
         for tokens, mask in zip(response.tolist(), action_mask.tolist()):
             kept = [token for token, keep in zip(tokens, mask) if keep]
-            if kept and kept[-1] in self.eos_ids:
-                kept = kept[:-1]
-            texts.append(self.tokenizer.decode(kept, skip_special_tokens=True).strip())
+            ended = bool(kept) and kept[-1] in self.eos_ids
+            texts.append(decode_answer(self.tokenizer, kept[:-1] if ended else kept, ended).text)
         return texts
 
     # ----- phases 4 and 5 -----
