@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+RewardFunction = Callable[[list[str]], list[float]]
+"""Texts of a batch's answers -> one score each, higher preferred: a reward given as a function of the answer's text
+(the demo's oracle: a simulated annotator's own score), in place of a reward model. Here, beside the settings, so that
+the round names it without importing torch."""
 
 
 @dataclass

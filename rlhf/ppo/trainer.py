@@ -32,7 +32,7 @@ from rlhf.losses import (
     truncation_penalty,
 )
 from rlhf.generate import decode_answer, encode_prompt, eos_token_ids, pad_sequences
-from rlhf.ppo.config import PPOConfig
+from rlhf.ppo.config import PPOConfig, RewardFunction
 from rlhf.ppo.experience import (
     Experience,
     ValueHeadCall,
@@ -46,9 +46,6 @@ from rlhf.ppo.experience import (
 from rlhf.warping import Warping
 
 Tensor = torch.Tensor
-RewardFunction = Callable[[list[str]], list[float]]
-"""Texts of a batch's answers -> one score each, higher preferred: a reward given as a function of the answer's text
-(the demo's oracle: a simulated annotator's own score), in place of a reward model."""
 
 
 class PPOTrainer:

@@ -16,7 +16,6 @@ marks the folder as a reward model and records where it came from.
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import os
 import shutil

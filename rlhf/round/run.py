@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from annotate.store import Store
+from rlhf.ppo.config import RewardFunction
 from rlhf.distributed import broadcast_from_main, is_main_process, wait_for_everyone
 from rlhf.round.checks import RoundRefused, check_accuracy
 from rlhf.round.config import (
@@ -31,8 +32,6 @@ from rlhf.round.config import (
 )
 
 Log = Callable[[str], None]
-RewardFunction = Callable[[list[str]], list[float]]
-"""Texts of answers -> scores (rlhf.ppo.trainer.RewardFunction; named here so that the round imports no torch)."""
 
 
 class RoundBusy(RoundRefused):
