@@ -58,12 +58,13 @@ def earlier_policy(store, policy: Policy) -> Policy | None:
     return max(earlier, key=lambda p: (p.round, p.id)) if earlier else None
 
 
-def select_prompts(store, n: int, how: str, rng: random.Random) -> list[Prompt]:
-    """n prompts: those with the fewest pairs first (oldest among equals), or a seeded random draw."""
+def select_prompts(store, n: int, how: str, rng: random.Random, exclude: frozenset[str] = frozenset()) -> list[Prompt]:
+    """n prompts: those with the fewest pairs first (oldest among equals), or a seeded random draw; none whose text is
+    in `exclude`."""
     if how == "least_used":
-        return store.prompts_needing_pairs(n)
+        return store.prompts_needing_pairs(n, exclude)
     if how == "random":
-        prompts = store.prompts()
+        prompts = [prompt for prompt in store.prompts() if prompt.text not in exclude]
         return rng.sample(prompts, min(n, len(prompts)))
     raise ValueError(f"prompt_selection must be one of {', '.join(PROMPT_SELECTIONS)}, not {how!r}")
 

@@ -72,6 +72,7 @@ def make_pairs(
     answers: PairsProgress | None = None,
     first_chunk: int = FIRST_CHUNK_PROMPTS,
     steps: PairsProgress | None = None,
+    exclude_prompts: frozenset[str] = frozenset(),
 ) -> PairsReport:
     """Generate and store up to `n_pairs` pairs from policy `policy_id`, a share of them `versus` pairs.
 
@@ -81,7 +82,8 @@ def make_pairs(
     Pairs whose answers are identical or empty are skipped, so fewer than `n_pairs` may be written; fewer are
     also written when the store holds fewer prompts than asked for (one pair per prompt per call).
     `seed` fixes the choice of prompts and versus pairs, the order of sample answers and, unless
-    `sampling.seed` is set, the sampling too. Both policies must share one tokenizer (they descend from one base).
+    `sampling.seed` is set, the sampling too. No pair is made for a prompt whose text is in `exclude_prompts` (prompts
+    kept for evaluation). Both policies must share one tokenizer (they descend from one base).
 
     Prompts are answered in chunks of `first_chunk` prompts, then twice as many each chunk up to a full generation
     batch (`chunk_sizes`), and each pair is stored the moment its second answer ends: the first pairs can be voted on
@@ -98,7 +100,7 @@ def make_pairs(
     policy = store.policy(policy_id)
     report = PairsReport(policy_id=policy.id)
 
-    prompts = select_prompts(store, n_pairs, prompt_selection, rng)
+    prompts = select_prompts(store, n_pairs, prompt_selection, rng, exclude_prompts)
     n_versus = round(len(prompts) * versus_share)
     opponent = None
     if n_versus:
@@ -150,7 +152,7 @@ def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, polic
                       per_prompt: int = 4, prompts_per_pair: float = 1.5, sampling: AnswerSampling | None = None,
                       seed: int | None = None, progress: PairsProgress | None = None,
                       show_bar: bool = False, answers: PairsProgress | None = None,
-                      steps: PairsProgress | None = None) -> PairsReport:
+                      steps: PairsProgress | None = None, exclude_prompts: frozenset[str] = frozenset()) -> PairsReport:
     """Over-sample `per_prompt` answers for ceil(n_pairs * prompts_per_pair) least-used prompts; store as `sample`
     pairs the ones `chooser` picks (the reward model's most uncertain, plus a random share).
 
@@ -162,7 +164,8 @@ def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, polic
     sampling = _seeded(sampling, seed)
     policy = store.policy(policy_id)
     report = PairsReport(policy_id=policy.id)
-    prompts = select_prompts(store, math.ceil(n_pairs * prompts_per_pair), "least_used", rng) if n_pairs > 0 else []
+    n_prompts = math.ceil(n_pairs * prompts_per_pair)
+    prompts = select_prompts(store, n_prompts, "least_used", rng, exclude_prompts) if n_pairs > 0 else []
     if not prompts:
         return report
     model, tokenizer = _model_and_tokenizer(model_path_or_model, tokenizer)
@@ -318,18 +321,20 @@ def queue_pairs(store, model, tokenizer, n_pairs: int, policy_id: int, votes: Vo
                 versus_share: float = 0.0, versus_policy_id: int | None = None, versus_model=None,
                 sampling: AnswerSampling | None = None, seed: int | None = None,
                 progress: PairsProgress | None = None, show_bar: bool = False,
-                answers: PairsProgress | None = None, steps: PairsProgress | None = None) -> PairsReport:
+                answers: PairsProgress | None = None, steps: PairsProgress | None = None,
+                exclude_prompts: frozenset[str] = frozenset()) -> PairsReport:
     """Store up to `n_pairs` pairs from policy `policy_id` (a share `versus_share` against an earlier policy) and
     report them; the sample pairs are chosen by `judge` (a TrainedPreferenceModel) when there is one and
     votes.oversample > 2, else drawn at random. report.stats["active/uncertain"] counts the pairs chosen for the
     judge's disagreement. `model` is the policy's model, or a path to load it from once (tokenizer None).
     progress(pairs_done, n_pairs), answers(answers_done, answers_planned) and steps(step, max_new_tokens) as in
-    `make_pairs`."""
+    `make_pairs`; no pair for a prompt in `exclude_prompts`."""
     model, tokenizer = _model_and_tokenizer(model, tokenizer)
     if judge is None or votes.oversample <= 2:
         return make_pairs(store, model, tokenizer, n_pairs, policy_id, versus_share=versus_share,
                           versus_policy_id=versus_policy_id, versus_model=versus_model, sampling=sampling, seed=seed,
-                          progress=progress, show_bar=show_bar, answers=answers, steps=steps)
+                          progress=progress, show_bar=show_bar, answers=answers, steps=steps,
+                          exclude_prompts=exclude_prompts)
     from rlhf.reward.active import choose_pairs
 
     n_versus = round(n_pairs * versus_share)
@@ -346,7 +351,7 @@ def queue_pairs(store, model, tokenizer, n_pairs: int, policy_id: int, votes: Vo
         versus = make_pairs(store, model, tokenizer, n_versus, policy_id, versus_share=1.0,
                             versus_policy_id=versus_policy_id, versus_model=versus_model, sampling=sampling, seed=seed,
                             progress=versus_progress if progress else None, show_bar=show_bar,
-                            answers=answers_from(0), steps=steps)
+                            answers=answers_from(0), steps=steps, exclude_prompts=exclude_prompts)
         add_report(report, versus)
         report.versus_policy_id = versus.versus_policy_id
 
@@ -361,7 +366,7 @@ def queue_pairs(store, model, tokenizer, n_pairs: int, policy_id: int, votes: Vo
     active = make_active_pairs(store, model, tokenizer, n_pairs - n_versus, policy_id, chooser,
                                per_prompt=votes.oversample, prompts_per_pair=votes.prompts_per_pair, sampling=sampling,
                                seed=seed, progress=active_progress if progress else None, show_bar=show_bar,
-                               answers=answers_from(2 * n_versus), steps=steps)
+                               answers=answers_from(2 * n_versus), steps=steps, exclude_prompts=exclude_prompts)
     add_report(report, active)
     report.stats["active/uncertain"] = active.stats.get("active/uncertain", 0.0)
     report.stats["active/candidate_answers"] = active.stats.get("gen/answers", 0.0)

@@ -282,7 +282,7 @@ def demo_loop(args, config: LoopConfig) -> int:
                  f"{', chosen by the reward model at ' + judge_path if pair_judge is not None else ''}.")
             queue_pairs(store, latest.path, None, sim.votes - waiting, latest.id, config.votes, judge=pair_judge,
                         sampling=config.sampling, seed=sim.seed + rounds_before + round_number + 1000 * call,
-                        show_bar=True)
+                        show_bar=True, exclude_prompts=frozenset(eval_prompts))
             if store.pairs_waiting() == waiting:  # nothing usable came back: vote on what there is
                 break
         voted = simulate_votes(store, voter, name, sim.votes, seed=sim.seed + rounds_before + round_number,

@@ -411,7 +411,9 @@ def test_demo_loop_refuses_zero_evaluation_answers_before_touching_the_database(
 
 def test_demo_loop_fills_its_queue_past_one_pair_a_prompt(tmp_path, tiny_model_dir, capsys, monkeypatch):
     """A call makes at most one pair a prompt: asking for more votes than the database has prompts takes more calls
-    (on the least-used prompts), so a round gets the votes it was asked for."""
+    (on the least-used prompts), so a round gets the votes it was asked for; none on the evaluation prompt."""
+    from collections import Counter
+
     import commands.round
     from rlhf.round.checks import RoundRefused
 
@@ -429,5 +431,7 @@ def test_demo_loop_fills_its_queue_past_one_pair_a_prompt(tmp_path, tiny_model_d
     assert code != 0 and "stop after the votes" in capsys.readouterr().err
     store = Store(db)
     votes = store.votes(annotator="sim:longer")
-    assert len(votes) == 12  # 5 prompts: three calls of 5, 5 and 2 pairs
+    assert len(votes) == 12  # 5 prompts, 1 kept to judge the policies on: three calls of 4 pairs
     assert store.count_prompts() == 5
+    pairs_a_prompt = Counter(store.pair(vote.pair_id).prompt_id for vote in votes)
+    assert sorted(pairs_a_prompt.values()) == [3, 3, 3, 3]  # the fifth, the evaluation prompt, has none

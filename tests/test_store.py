@@ -390,3 +390,7 @@ def test_prompts_needing_pairs_prefers_prompts_with_fewest_pairs(paired):
     paired.add_prompts(["Fresh one."])
     # prompt 1 has pairs 1 and 3, prompt 2 has pair 2, prompt 3 none
     assert [p.id for p in paired.prompts_needing_pairs(3)] == [3, 2, 1]
+    # a prompt kept for evaluation is never offered, and the others fill its place
+    kept = frozenset({paired.prompt(3).text})
+    assert [p.id for p in paired.prompts_needing_pairs(2, exclude=kept)] == [2, 1]
+    assert [p.id for p in paired.prompts_needing_pairs(3, exclude=kept)] == [2, 1]  # all there are

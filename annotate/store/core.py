@@ -179,9 +179,11 @@ class Store(VoteRecords, RoundRecords, Reports):
     def count_prompts(self) -> int:
         return self._scalar("SELECT COUNT(*) FROM prompts")
 
-    def prompts_needing_pairs(self, n: int) -> list[Prompt]:
-        """The n prompts with the fewest pairs so far (oldest first among equals): what to generate pairs for next."""
-        return [Prompt(**row) for row in self._rows(queries.SELECT_PROMPTS_NEEDING_PAIRS, {"limit": n})]
+    def prompts_needing_pairs(self, n: int, exclude: frozenset[str] = frozenset()) -> list[Prompt]:
+        """The n prompts with the fewest pairs so far (oldest first among equals): what to generate pairs for next;
+        none whose text is in `exclude` (the demo's evaluation prompts)."""
+        rows = self._rows(queries.SELECT_PROMPTS_NEEDING_PAIRS, {"limit": n + len(exclude)})
+        return [Prompt(**row) for row in rows if row["text"] not in exclude][:n]
 
     # policies and generations ------------------------------------------------------------------------------------
 

@@ -198,6 +198,7 @@ def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log:
               ceiling_reward: RewardFunction | None = None) -> RoundResult:
     """Run one round end to end (steps 1-6 of DESIGN.md "The round"); raises RoundRefused with the reason.
 
+    `exclude_prompts` (the demo's evaluation prompts) are kept out of PPO and of the next pairs.
     `reward_function` (texts of answers -> scores) replaces the reward model as PPO's reward; the reward model is still
     trained and its accuracy checked and recorded. `ceiling_reward` adds a second PPO run from the same policy with
     that reward (`_ceiling_stage`): its policy is a folder only, recorded as round/ceiling_policy_path.
@@ -238,7 +239,8 @@ def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log:
             record({"round/policy_id": policy_id, "round/resumed_policy": True})
         if is_main:
             record({"round/stage": "pairs"})
-            made = _pairs_stage(store, plan, policy_id, config, log, pair_maker, reward_path, record)
+            made = _pairs_stage(store, plan, policy_id, config, log, pair_maker, reward_path, record,
+                                frozenset(exclude_prompts or ()))
             record({"round/pairs_generated": made, "round/seconds": time.perf_counter() - started,
                     "round/stage": "done"})
             store.finish_round(plan.round_id)
@@ -354,9 +356,11 @@ def _ceiling_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, re
 
 
 def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: TrainingConfig, log: Log,
-                 pair_maker: Callable | None, reward_path: str | None = None, record=None) -> int:
+                 pair_maker: Callable | None, reward_path: str | None = None, record=None,
+                 exclude_prompts: frozenset[str] = frozenset()) -> int:
     """Step 6: the next batch of pairs from the new policy: a share against an earlier policy, the sample pairs
-    chosen where the reward model's bootstrap heads disagree most (over-sampled answers), plus a random share."""
+    chosen where the reward model's bootstrap heads disagree most (over-sampled answers), plus a random share; none
+    for the prompts kept out of the round (the demo's evaluation prompts)."""
     from annotate.policy_pairs import load_pair_judge, load_policy_model, queue_pairs
 
     earlier = plan.actor_policy_id
@@ -369,7 +373,8 @@ def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: Training
         return pair_maker(store, store.policy(policy_id).path, None, n_pairs, policy_id, **common).written
     judge = load_pair_judge(reward_path, config.votes)
     model, tokenizer = load_policy_model(store.policy(policy_id).path)
-    report = queue_pairs(store, model, tokenizer, n_pairs, policy_id, config.votes, judge=judge, **common)
+    report = queue_pairs(store, model, tokenizer, n_pairs, policy_id, config.votes, judge=judge,
+                         exclude_prompts=exclude_prompts, **common)
     if judge is not None:
         share = min(report.stats.get("active/uncertain", 0.0) / max(report.sample, 1), 1.0)
         if record is not None:
