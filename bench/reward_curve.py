@@ -11,6 +11,9 @@ Active column: the budget counts pairs SHOWN (a tie costs a showing and yields n
 start from the same random 32; random then shows further random pairs, active queues the pairs its bootstrap
 ensemble disagrees on most, plus a random share. Ends with one JSON line.
 
+A strategy's feature may join layers, `head:mean@2+mean@8`: the head is fitted on both layers' features side by side,
+a mix of layers learned with the head (its L2 strength cross-validated as ever).
+
 Graded votes (`--graded off,margin:1,weight:2`): the annotator also says how much better (annotate.simulate.graded
 on its score, the scale annotators.score_scale over all cached answers); a flipped vote keeps its strength. Each
 variant beside "off" adds a row per strategy, named `strategy variant`, fitted with votes.graded and much_margin or
@@ -105,8 +108,9 @@ class CurveData:
         self.n_prompts = len(rows)
 
     def diffs(self, feature: str, candidates: list[int], a_wins: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(chosen (N, D), rejected (N, D)) features of the given votes."""
-        f = self.features[feature]
+        """(chosen (N, D), rejected (N, D)) features of the given votes; "mean@2+mean@8" joins two layers' features
+        side by side, so the head learns its own mix of the layers."""
+        f = torch.cat([self.features[part] for part in feature.split("+")], dim=-1)  # (answers, D)
         idx = torch.tensor(candidates)
         fa, fb = f[self.row_a[idx]], f[self.row_b[idx]]  # (N, D) each
         wins = torch.tensor(a_wins)[:, None]
