@@ -31,7 +31,7 @@ from annotate.policy_pairs import policy_answers
 from annotate.simulate import resolve_judge, resolve_score
 from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
 from commands.config import load_config
-from commands.round import judged, oracle_reward, repeat_each
+from commands.round import judged, mean_and_standard_error, oracle_reward, repeat_each
 from rlhf.models import resolve_model_path
 from rlhf.ppo.train import train_ppo
 from rlhf.round.config import function_ppo_settings
@@ -86,13 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     history = result.history
     prompts_each = repeat_each(held_out, args.eval_answers)
     verdicts = judged(judge, score, prompts_each, new, first, args.eval_answers)
-    first_verdicts = judged(judge, score, prompts_each, first, first, args.eval_answers)
+    first_score, first_score_se = mean_and_standard_error([score(answer) for answer in first], args.eval_answers)
     windows = [history[i:i + 8] for i in range(0, len(history), 8)]
     row = {
         "annotator": args.annotator, "reward": "oracle" if args.oracle else args.reward_model, "steps": args.steps,
         "ppo_epochs": ppo.ppo_epochs, "mini_batch_size": ppo.mini_batch_size, "kl_ctl": ppo.kl_ctl, "lam": ppo.lam, "actor_lr": ppo.actor_lr,
         "normalize_rewards": ppo.normalize_rewards, "whiten_advantages": ppo.whiten_advantages,
-        "first_score": first_verdicts["judge_score"], "first_score_se": first_verdicts["judge_score_se"],
+        "first_score": first_score, "first_score_se": first_score_se,
         "score": verdicts["judge_score"], "score_se": verdicts["judge_score_se"],
         "first_scored": sum(score(a) > 0 for a in first) / len(first), "scored": sum(score(a) > 0 for a in new) / len(new),
         **{key: value for key, value in verdicts.items() if not key.startswith("judge_score")},

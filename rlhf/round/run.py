@@ -194,7 +194,7 @@ def _silent(message: str) -> None:
 
 def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log: Log = print,
               exclude_prompts: set[str] | None = None,
-              pair_maker: Callable | None = None, reward_function: RewardFunction | None = None,
+              reward_function: RewardFunction | None = None,
               ceiling_reward: RewardFunction | None = None) -> RoundResult:
     """Run one round end to end (steps 1-6 of DESIGN.md "The round"); raises RoundRefused with the reason.
 
@@ -239,7 +239,7 @@ def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log:
             record({"round/policy_id": policy_id, "round/resumed_policy": True})
         if is_main:
             record({"round/stage": "pairs"})
-            made = _pairs_stage(store, plan, policy_id, config, log, pair_maker, reward_path, record,
+            made = _pairs_stage(store, plan, policy_id, config, log, reward_path, record,
                                 frozenset(exclude_prompts or ()))
             record({"round/pairs_generated": made, "round/seconds": time.perf_counter() - started,
                     "round/stage": "done"})
@@ -356,7 +356,7 @@ def _ceiling_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, re
 
 
 def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: TrainingConfig, log: Log,
-                 pair_maker: Callable | None, reward_path: str | None = None, record=None,
+                 reward_path: str | None = None, record=None,
                  exclude_prompts: frozenset[str] = frozenset()) -> int:
     """Step 6: the next batch of pairs from the new policy: a share against an earlier policy, the sample pairs
     chosen where the reward model's bootstrap heads disagree most (over-sampled answers), plus a random share; none
@@ -367,14 +367,11 @@ def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: Training
     n_pairs = config.round.next_pairs
     log(f"Round {plan.round_id}: generating {n_pairs} pairs from policy {policy_id} "
         f"({config.round.versus_share:.0%} against policy {earlier}).")
-    common = dict(versus_share=config.round.versus_share, versus_policy_id=earlier, sampling=config.sampling,
-                  seed=config.round.seed + plan.round_id, show_bar=True)
-    if pair_maker is not None:
-        return pair_maker(store, store.policy(policy_id).path, None, n_pairs, policy_id, **common).written
     judge = load_pair_judge(reward_path, config.votes)
     model, tokenizer = load_policy_model(store.policy(policy_id).path)
     report = queue_pairs(store, model, tokenizer, n_pairs, policy_id, config.votes, judge=judge,
-                         exclude_prompts=exclude_prompts, **common)
+                         versus_share=config.round.versus_share, versus_policy_id=earlier, sampling=config.sampling,
+                         seed=config.round.seed + plan.round_id, show_bar=True, exclude_prompts=exclude_prompts)
     if judge is not None:
         share = min(report.stats.get("active/uncertain", 0.0) / max(report.sample, 1), 1.0)
         if record is not None:
