@@ -11,6 +11,9 @@ Active column: the budget counts pairs SHOWN (a tie costs a showing and yields n
 start from the same random 32; random then shows further random pairs, active queues the pairs its bootstrap
 ensemble disagrees on most, plus a random share. Ends with one JSON line.
 
+`lpft:mean@2` is the round's LP-FT (rlhf/reward/lpft.py): the head, then the feature's last decoder layer fine-tuned
+under it on the same votes (--finetune-lr, --finetune-epochs; the defaults are the round's), scored by the tuned model.
+
 A strategy's feature may join layers, `head:mean@2+mean@8`: the head is fitted on both layers' features side by side,
 a mix of layers learned with the head (its L2 strength cross-validated as ever).
 
@@ -43,13 +46,19 @@ from annotate.annotators import score_scale
 from annotate.simulate import graded, resolve_judge, resolve_score
 from bench.curve_data import CACHE_DIR, answers_cache_path, read_answers
 from bench.machine import describe_machine, machine_line
+from rlhf.losses import graded_terms
 from rlhf.reward import bt_head
 from rlhf.reward.active import candidate_pairs, select_pairs
+from rlhf.reward.data import PreferencePair
+from rlhf.reward.lpft import finetune_last_layer
+from rlhf.reward.model import RewardModel
 from rlhf.reward.strategies import (
     FeatureExtractor,
     StrategyConfig,
+    TrainedPreferenceModel,
     VotesConfig,
     fit_feature_heads,
+    score_with_reward_model,
 )
 
 FEATURES = ("last@-1", "mean@-1", *(f"mean@{layer}" for layer in range(30)))
@@ -90,12 +99,18 @@ def load_features(rows: list[dict], model: str, tag: str,
 class CurveData:
     """Candidates, their noiseless labels and the feature rows of both answers."""
 
-    def __init__(self, rows: list[dict], index: dict, features: dict[str, torch.Tensor], judge, score=None):
+    def __init__(self, rows: list[dict], index: dict, features: dict[str, torch.Tensor], judge, score=None,
+                 extractor: FeatureExtractor | None = None):
         self.features = features
+        self.extractor = extractor
+        """The model's backbone for strategies that fine-tune it (lpft)."""
+        self.finetune: dict = {}
+        """VotesConfig's finetune_lr and finetune_epochs when not the round's defaults."""
         self.candidates = candidate_pairs([r["answers"] for r in rows])
         self.prompt_of = [c.prompt_index for c in self.candidates]
         texts = [(rows[c.prompt_index]["prompt"], rows[c.prompt_index]["answers"][c.a],
                   rows[c.prompt_index]["answers"][c.b]) for c in self.candidates]
+        self.texts = texts  # (prompt, answer a, answer b) of each candidate
         self.truth = [judge(p, a, b) for p, a, b in texts]  # "a", "b" or "tie"
         # strength of each candidate's vote: 1 slightly, 2 much better (graded by the score; 1 without one)
         self.strength = [1.0] * len(texts)
@@ -129,26 +144,43 @@ def graded_settings(variant: str) -> dict:
 
 def fit(data: CurveData, strategy: str, votes: list[int], labels: dict[int, bool], seed: int,
         with_heads: bool = False):
-    """(weight (D,), heads (H, D)) of `kind:feature[ variant]` on the votes."""
+    """(weight (D,), heads (H, D)) of `kind:feature[ variant]` on the votes; for lpft the tuned RewardModel in the
+    weight's place."""
     strategy, _, variant = strategy.partition(" ")
     kind, feature = strategy.split(":")
     chosen, rejected = data.diffs(feature, votes, [labels[i] for i in votes])
     n_heads = 8 if kind == "ensemble" or with_heads else 0
-    votes_config = VotesConfig(n_heads=n_heads, cv_folds=3, **graded_settings(variant or "off"))
+    votes_config = VotesConfig(n_heads=n_heads, cv_folds=3, **graded_settings(variant or "off"),
+                               **data.finetune)
     strengths = torch.tensor([data.strength[i] for i in votes], dtype=torch.float64)  # (N,)
     weight, heads, _ = fit_feature_heads(chosen, rejected, kind, StrategyConfig(votes=votes_config, seed=seed),
                                          strengths)
+    if kind == "lpft":
+        probe = TrainedPreferenceModel("head", data.extractor, feature, weight, heads).as_reward_model()
+        margins, weights = graded_terms(strengths, votes_config.graded, votes_config.much_margin,
+                                        votes_config.much_weight)  # (N,) each
+        pairs = [PreferencePair(p, a, b) if labels[i] else PreferencePair(p, b, a)
+                 for i in votes for p, a, b in [data.texts[i]]]
+        weight = finetune_last_layer(probe, data.extractor.tokenizer, pairs, margins, weights,
+                                     votes_config.finetune_lr, votes_config.finetune_epochs, seed=seed)
     return weight, heads
 
 
-def accuracy(data: CurveData, strategy: str, weight: torch.Tensor, evaluation: list[int]) -> float:
+def accuracy(data: CurveData, strategy: str, weight: torch.Tensor | RewardModel, evaluation: list[int]) -> float:
+    if isinstance(weight, RewardModel):  # lpft: the tuned model scores the held-out answers
+        prompts = [data.texts[i][0] for i in evaluation]
+        score_a = score_with_reward_model(weight, data.extractor.tokenizer, prompts, [data.texts[i][1] for i in evaluation])
+        score_b = score_with_reward_model(weight, data.extractor.tokenizer, prompts, [data.texts[i][2] for i in evaluation])
+        right = [bool(a > b) == (data.truth[i] == "a") for i, a, b in zip(evaluation, score_a, score_b)]
+        return sum(right) / len(right)
     feature = strategy.split(" ")[0].split(":")[1]
     chosen, rejected = data.diffs(feature, evaluation, [data.truth[i] == "a" for i in evaluation])
     return bt_head.pair_accuracy(weight, chosen, rejected)
 
 
-def run_seed(data: CurveData, seed: int, sizes: list[int], strategies: list[str], flip: float,
-             active_strategy: str, active_share: float, active: bool = True) -> dict:
+def split(data: CurveData, seed: int, flip: float) -> tuple[list[int], list[int], dict[int, bool], list[int]]:
+    """(evaluation, pool, labels, order) of a seed: a quarter of the prompts held out, their decided candidates the
+    evaluation; the other prompts' candidates the pool, each decided one with its noisy vote, shown in `order`."""
     rng = random.Random(seed)
     prompts = list(range(data.n_prompts))
     rng.shuffle(prompts)
@@ -159,6 +191,12 @@ def run_seed(data: CurveData, seed: int, sizes: list[int], strategies: list[str]
     labels = {i: (data.truth[i] == "a") ^ (rng.random() < flip) for i in pool if data.truth[i] != "tie"}
     order = pool[:]
     rng.shuffle(order)
+    return evaluation, pool, labels, order
+
+
+def run_seed(data: CurveData, seed: int, sizes: list[int], strategies: list[str], flip: float,
+             active_strategy: str, active_share: float, active: bool = True) -> dict:
+    evaluation, pool, labels, order = split(data, seed, flip)
     votes_order = [i for i in order if i in labels]
     result = {"n_eval": len(evaluation), "n_pool_votes": len(votes_order), "curve": {}, "active": {}, "random": {}}
     for n in sizes:
@@ -220,6 +258,8 @@ def main() -> int:
                         help="cached answer sets to pool per prompt (curve_data.py --seed S for each; 0,1: 8 answers)")
     parser.add_argument("--graded", default="off",
                         help="how graded votes enter the head: off, margin:M, weight:W (comma-separated variants)")
+    parser.add_argument("--finetune-lr", type=float, help="lpft: Adam's step (default: the round's)")
+    parser.add_argument("--finetune-epochs", type=int, help="lpft: passes over the votes (default: the round's)")
     parser.add_argument("--no-active", action="store_true", help="curves only, no active against random arms")
     parser.add_argument("--features-only", action="store_true", help="extract and cache features, then stop")
     parser.add_argument("--threads", type=int, default=1)
@@ -243,7 +283,11 @@ def main() -> int:
     if variants != ["off"] and graded_score is None:
         print(f"--graded needs an annotator with a score; {args.annotator} has none.", file=sys.stderr)
         return 2
-    data = CurveData(rows, index, features, resolve_judge(args.annotator), graded_score)
+    uses_lpft = any(s.startswith("lpft:") for s in [*args.strategies.split(","), args.active_strategy])
+    data = CurveData(rows, index, features, resolve_judge(args.annotator), graded_score,
+                     FeatureExtractor.from_model(args.model) if uses_lpft else None)
+    data.finetune = {name: value for name, value in (("finetune_lr", args.finetune_lr),
+                                                     ("finetune_epochs", args.finetune_epochs)) if value is not None}
     sizes = [int(s) for s in args.sizes.split(",")]
     strategies = [s if v == "off" else f"{s} {v}" for s in args.strategies.split(",") for v in variants]
     started = time.perf_counter()

@@ -193,6 +193,7 @@ def test_auto_strategy_follows_the_vote_count():
 
     config = VotesConfig(ensemble_from_votes=100, full_from_votes=500)
     assert [choose_strategy(n, config) for n in (50, 100, 499, 500)] == ["head", "ensemble", "ensemble", "full"]
+    assert [choose_strategy(n, VotesConfig(lpft_from_votes=64)) for n in (63, 64, 400)] == ["head", "lpft", "lpft"]
     assert choose_strategy(5, VotesConfig(strategy="full")) == "full"
     with pytest.raises(ValueError):
         choose_strategy(5, VotesConfig(strategy="lora"))

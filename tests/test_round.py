@@ -78,7 +78,8 @@ def test_two_rounds_record_two_policies_their_metrics_and_fresh_pairs(tmp_path, 
 
 
 @pytest.mark.parametrize("strategy, knob, adapted", [
-    ("head", True, True), ("ensemble", True, True), ("full", True, False), (None, True, False), ("head", False, False),
+    ("head", True, True), ("ensemble", True, True), ("lpft", True, True), ("full", True, False), (None, True, False),
+    ("head", False, False),
 ])
 def test_ppo_on_a_head_reward_model_normalises_scores_and_takes_lambda_one_unless_turned_off(tmp_path, strategy,
                                                                                             knob, adapted):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-STRATEGIES = ("head", "ensemble", "full")
+STRATEGIES = ("head", "ensemble", "lpft", "full")
 GRADED_USES = ("off", "margin", "weight")
 """votes.graded: how a vote's strength enters the head's loss (rlhf.losses.graded_terms checks the same names)."""
 DEFAULT_FEATURE = "mean@2"
@@ -89,8 +89,8 @@ class VotesConfig:
     """The [votes] section of rlhf-loop.toml: which reward-model strategy a round uses and how it picks pairs."""
 
     strategy: str = "auto"
-    """"auto" (by vote count, from bench/reward_curve.py: one head on `feature`), or always "head", "ensemble" or
-    "full"."""
+    """"auto" (by vote count: the head on `feature`, then LP-FT from `lpft_from_votes`), or always "head",
+    "ensemble", "lpft" (the head, then the feature's last layer fine-tuned under it) or "full"."""
     full_from_votes: int = 1_000_000
     """With "auto": fine-tune all weights from this many votes on. Off: full fine-tuning sat at chance at 89 votes
     (issue 8) and the curve bench could not afford it on CPU."""
@@ -98,6 +98,12 @@ class VotesConfig:
     """With "auto": the mean of bootstrap heads from this many votes on. Off: on mean@2 the single cross-validated
     head was 1.2-1.9 points ahead of the ensemble from 128 votes on (the heads are fitted either way, for the
     disagreement that chooses the next pairs)."""
+    lpft_from_votes: int = 1_000_000
+    """With "auto": LP-FT (rlhf/reward/lpft.py) from this many votes on, the head alone below."""
+    finetune_lr: float = 1e-4
+    """LP-FT: Adam's step for the feature's last decoder layer."""
+    finetune_epochs: int = 5
+    """LP-FT: passes over the votes."""
     feature: str = DEFAULT_FEATURE
     """Frozen feature of the head strategies, "pooling@layer" (every one exports as the RewardModel PPO uses)."""
     n_heads: int = 8
@@ -123,6 +129,9 @@ class VotesConfig:
     """z of the interval on held-out accuracy; PPO is refused when its lower end is below chance (0.5)."""
 
     def __post_init__(self) -> None:
+        if self.finetune_epochs < 1 or self.finetune_lr <= 0:
+            raise ValueError(f"votes.finetune_epochs must be at least 1 and votes.finetune_lr above 0, not "
+                             f"{self.finetune_epochs} and {self.finetune_lr}")
         if self.graded not in GRADED_USES:
             raise ValueError(f"votes.graded must be one of {', '.join(GRADED_USES)}, not {self.graded!r}")
 

@@ -4,6 +4,8 @@
   last token or averaged over the answer) are computed once under inference mode, and a Bradley-Terry head is
   fitted on feature differences with its L2 strength chosen by cross-validation (rlhf.reward.bt_head).
 - "ensemble": the same features, the score of the mean of bootstrap heads (a linear head too).
+- "lpft": the head, then the feature's last decoder layer fine-tuned under it on the same votes
+  (rlhf.reward.lpft: a linear probe, then fine-tuning).
 - "full": every weight fine-tuned by rlhf.reward.train.train_reward_model (as TRL does).
 
 Every trained model scores answers, gives P(a preferred to b) and a disagreement per pair (the spread of bootstrap
@@ -40,6 +42,7 @@ from rlhf.reward.data import (
     split_pairs,
     tokenize_pairs,
 )
+from rlhf.reward.lpft import finetune_last_layer
 from rlhf.reward.model import (
     MARKER_FILE,
     RewardModel,
@@ -49,6 +52,8 @@ from rlhf.reward.model import (
 from rlhf.reward.train import train_reward_model
 
 HEADS_FILE = "bt_heads.safetensors"
+FINETUNED = ("lpft", "full")
+"""Strategies that score with a fine-tuned RewardModel (their bootstrap heads stay on the frozen base features)."""
 STRATEGY_FILE = "preference_strategy.json"
 
 
@@ -60,7 +65,9 @@ def choose_strategy(n_votes: int, config: VotesConfig) -> str:
         return config.strategy
     if n_votes >= config.full_from_votes:
         return "full"
-    return "ensemble" if n_votes >= config.ensemble_from_votes else "head"
+    if n_votes >= config.ensemble_from_votes:
+        return "ensemble"
+    return "lpft" if n_votes >= config.lpft_from_votes else "head"
 
 
 def wilson_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -182,14 +189,14 @@ class TrainedPreferenceModel:
     extractor: FeatureExtractor
     feature: str
     weight: torch.Tensor | None
-    """(D,) the linear head on `feature` (None for "full", which scores with `reward_model`)."""
+    """(D,) the linear head on `feature` (None for FINETUNED strategies, which score with `reward_model`)."""
     heads: torch.Tensor
     """(H, D) bootstrap heads on `feature`: the disagreement."""
     metrics: dict = field(default_factory=dict)
     """rm/strategy, rm/heldout_accuracy (random sample pairs), rm/heldout_accuracy_versus, rm/heldout_accuracy_chosen,
     rm/n_train, rm/n_heldout (and rm/n_heldout_<source>), rm/lambda, rm/accuracy, ..."""
     reward_model: RewardModel | None = None
-    """The fine-tuned model of "full"."""
+    """The fine-tuned model of "full" and "lpft"."""
 
     @property
     def heldout_accuracy(self) -> float | None:
@@ -249,7 +256,7 @@ class TrainedPreferenceModel:
         reward_model = RewardModel.from_pretrained(path)
         extractor = FeatureExtractor(reward_model, load_reward_tokenizer(None, path), batch_size, max_length)
         heads = load_file(str(path / HEADS_FILE))["heads"].double()
-        if saved["strategy"] == "full":  # the heads were fitted on the frozen base model's features
+        if saved["strategy"] in FINETUNED:  # the heads were fitted on the frozen base model's features
             base = FeatureExtractor.from_model(saved["base_model"], batch_size, max_length)
             return cls("full", base, saved["feature"], None, heads, saved["metrics"], reward_model)
         weight = reward_model.v_head.weight.detach().double().reshape(-1)  # (D,)
@@ -308,7 +315,7 @@ def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, 
 
 
 def saved_strategy(path: str | Path) -> str | None:
-    """The strategy that trained the reward model folder at `path` ("head", "ensemble", "full"); None when the folder
+    """The strategy that trained the reward model folder at `path` (one of STRATEGIES); None when the folder
     was not written by TrainedPreferenceModel.save (a reward model trained by `--train-reward`, say)."""
     strategy_file = Path(path) / STRATEGY_FILE
     if not strategy_file.is_file():
@@ -330,8 +337,8 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
                    on_progress: Callable[[dict], None] | None = None) -> TrainedPreferenceModel:
     """Train strategy `name` on the votes `pairs` from the frozen/initial model `base_model`; accuracy held out.
 
-    `extractor` reuses an already loaded backbone (and its feature cache) across calls; `on_progress` goes to
-    train_reward_model ("full" only).
+    `extractor` reuses an already loaded backbone (and its feature cache) across calls; `on_progress` gets
+    train_reward_model's metrics ("full") or each LP-FT epoch's mean loss ("lpft").
     """
     config = config or StrategyConfig()
     if name not in STRATEGIES:
@@ -345,6 +352,16 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
     strengths = torch.tensor([pair_strength(p) for p in train], dtype=torch.float64)  # (N,)
     weight, heads, metrics = fit_feature_heads(fc, fr, name, config, strengths)
     reward_model = None
+    if name == "lpft":
+        probe = TrainedPreferenceModel("head", extractor, feature, weight, heads).as_reward_model()
+        margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
+                                        config.votes.much_weight)  # (N,) each
+        reward_model = finetune_last_layer(probe, extractor.tokenizer, train, margins, weights,
+                                           config.votes.finetune_lr, config.votes.finetune_epochs,
+                                           seed=config.seed, max_length=config.reward.max_length,
+                                           on_epoch=None if on_progress is None else lambda epoch, loss, _: on_progress(
+                                               {"rm/finetune_epoch": epoch, "rm/finetune_loss": loss}))
+        weight = None
     if name == "full":
         warm_start = config.reward.warm_start if scores_last_token(config.reward.warm_start) else None
         reward_config = replace(config.reward, model=base_model, out_dir=None, heldout_fraction=0.0,

@@ -63,7 +63,7 @@ def ppo_settings(config: TrainingConfig, reward_model_path: str, round_id: int |
     from rlhf.reward.strategies import saved_strategy  # torch: only when a round or --train-ppo runs
 
     settings = config.ppo
-    if config.round.adapt_ppo_to_head and saved_strategy(reward_model_path) in ("head", "ensemble"):
+    if config.round.adapt_ppo_to_head and saved_strategy(reward_model_path) in ("head", "ensemble", "lpft"):
         settings = replace(settings, normalize_rewards=True, lam=1.0)
     if round_id is not None:
         settings = replace(settings, seed=config.round.seed + round_id)
