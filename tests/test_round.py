@@ -77,6 +77,21 @@ def test_two_rounds_record_two_policies_their_metrics_and_fresh_pairs(tmp_path, 
     assert any(pair.kind == "versus" for pair in new_pairs)
 
 
+def test_a_round_on_an_lpft_reward_model_trains_ppo_and_queues_the_next_pairs(tmp_path, tiny_model_dir):
+    from rlhf.reward.strategies import saved_strategy
+
+    db = tmp_path / "loop.db"
+    seed_votes(db, tiny_model_dir)
+    config = load_config(None, tiny_settings(tmp_path) + ["votes.lpft_from_votes=1", "votes.finetune_epochs=2"])
+    result = run_round(db, str(tiny_model_dir), config, log=lambda message: None)
+    round_ = Store(db).round(result.round_id)
+    assert round_.status == "done" and round_.metrics["round/rm_strategy"] == "lpft"  # auto, from 1 vote here
+    assert saved_strategy(round_.metrics["round/reward_model_path"]) == "lpft"
+    assert round_.metrics["round/normalize_rewards"] is True  # PPO adapts to it as to a head
+    assert round_.metrics["rm/live_finetune_epoch"] == 2  # each epoch reported while it trains
+    assert result.metrics["round/pairs_generated"] >= 1  # the next pairs chosen with it
+
+
 @pytest.mark.parametrize("strategy, knob, adapted", [
     ("head", True, True), ("ensemble", True, True), ("lpft", True, True), ("full", True, False), (None, True, False),
     ("head", False, False),
