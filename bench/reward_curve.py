@@ -169,8 +169,9 @@ def fit(data: CurveData, strategy: str, votes: list[int], labels: dict[int, bool
 def accuracy(data: CurveData, strategy: str, weight: torch.Tensor | RewardModel, evaluation: list[int]) -> float:
     if isinstance(weight, RewardModel):  # lpft: the tuned model scores the held-out answers
         prompts = [data.texts[i][0] for i in evaluation]
-        score_a = score_with_reward_model(weight, data.extractor.tokenizer, prompts, [data.texts[i][1] for i in evaluation])
-        score_b = score_with_reward_model(weight, data.extractor.tokenizer, prompts, [data.texts[i][2] for i in evaluation])
+        tokenizer = data.extractor.tokenizer
+        score_a = score_with_reward_model(weight, tokenizer, prompts, [data.texts[i][1] for i in evaluation])
+        score_b = score_with_reward_model(weight, tokenizer, prompts, [data.texts[i][2] for i in evaluation])
         right = [bool(a > b) == (data.truth[i] == "a") for i, a, b in zip(evaluation, score_a, score_b)]
         return sum(right) / len(right)
     feature = strategy.split(" ")[0].split(":")[1]

@@ -99,3 +99,9 @@ def test_lpft_strategy_saves_a_folder_that_scores_as_trained(tiny_model_dir, tmp
     torch.testing.assert_close(loaded.score(prompts, answers), scores, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(loaded.heads, model.heads.float().double())  # on the frozen base features
     assert loaded.disagreement(prompts, answers, [p.rejected for p in pairs[:6]]).shape == (6,)
+
+
+def test_a_feature_of_the_embeddings_has_no_layer_to_fine_tune_and_says_so(tiny_model_dir):
+    probe, tokenizer = probe_of(tiny_model_dir, layer=0)
+    with pytest.raises(ValueError, match="mean@1 or deeper"):
+        finetune_last_layer(probe, tokenizer, courteous_pairs(2), torch.zeros(2), torch.ones(2), lr=1e-3, epochs=1)

@@ -36,13 +36,16 @@ def finetune_last_layer(model: RewardModel, tokenizer, pairs: Sequence[PairLike]
                         weights: torch.Tensor, lr: float, epochs: int, batch_pairs: int = 16, seed: int = 0,
                         max_length: int = 512,
                         on_epoch: Callable[[int, float, RewardModel], None] | None = None) -> RewardModel:
-    """A float32 copy of `model` whose last decoder layer is trained on the votes `pairs` (chosen over rejected,
-    margins and weights (N,) as the head had them: rlhf.losses.graded_terms) by Adam at `lr` for `epochs` passes in shuffled batches of `batch_pairs`;
-    v_head, the embeddings and every other layer stay as they are. `on_epoch(epoch, mean loss, model)` after each
-    pass (the model in training, to be measured in eval mode or left alone).
+    """A float32 copy of `model` whose last decoder layer is trained on the votes `pairs` (chosen over rejected;
+    margins and weights (N,) as the head had them, rlhf.losses.graded_terms) by Adam at `lr` for `epochs` passes in
+    shuffled batches of `batch_pairs`; v_head, the embeddings and every other layer stay as they are.
+    `on_epoch(epoch, mean loss, model)` after each pass, the model in eval mode (to be measured, not changed).
     `model` itself is left untouched (it may share its weights with the feature extractor's backbone)."""
     if not pairs or epochs <= 0:
         raise ValueError(f"fine-tuning needs votes and at least one epoch, got {len(pairs)} votes, {epochs} epochs")
+    if len(model.backbone.layers) == 0:
+        raise ValueError("LP-FT fine-tunes the decoder layer the feature reads, and a feature of layer 0 (the token "
+                         "embeddings) reads none: use votes.feature mean@1 or deeper, or the head strategy.")
     tuned = copy.deepcopy(model).float()
     tuned.requires_grad_(False)
     layer = tuned.backbone.layers[-1]  # the last the score reads (for layer -1: under the frozen final norm)

@@ -356,11 +356,13 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
         probe = TrainedPreferenceModel("head", extractor, feature, weight, heads).as_reward_model()
         margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
                                         config.votes.much_weight)  # (N,) each
+        def report(epoch: int, loss: float, _) -> None:
+            if on_progress is not None:
+                on_progress({"rm/finetune_epoch": epoch, "rm/finetune_loss": loss})
+
         reward_model = finetune_last_layer(probe, extractor.tokenizer, train, margins, weights,
                                            config.votes.finetune_lr, config.votes.finetune_epochs,
-                                           seed=config.seed, max_length=config.reward.max_length,
-                                           on_epoch=None if on_progress is None else lambda epoch, loss, _: on_progress(
-                                               {"rm/finetune_epoch": epoch, "rm/finetune_loss": loss}))
+                                           seed=config.seed, max_length=config.reward.max_length, on_epoch=report)
         weight = None
     if name == "full":
         warm_start = config.reward.warm_start if scores_last_token(config.reward.warm_start) else None
