@@ -46,17 +46,15 @@ from annotate.annotators import score_scale
 from annotate.simulate import graded, resolve_judge, resolve_score
 from bench.curve_data import CACHE_DIR, answers_cache_path, read_answers
 from bench.machine import describe_machine, machine_line
-from rlhf.losses import graded_terms
 from rlhf.reward import bt_head
 from rlhf.reward.active import candidate_pairs, select_pairs
 from rlhf.reward.data import PreferencePair
-from rlhf.reward.lpft import finetune_last_layer
 from rlhf.reward.model import RewardModel
 from rlhf.reward.strategies import (
     FeatureExtractor,
     StrategyConfig,
-    TrainedPreferenceModel,
     VotesConfig,
+    finetune_under_head,
     fit_feature_heads,
     score_with_reward_model,
 )
@@ -143,9 +141,9 @@ def graded_settings(variant: str) -> dict:
 
 
 def fit(data: CurveData, strategy: str, votes: list[int], labels: dict[int, bool], seed: int,
-        with_heads: bool = False):
+        with_heads: bool = False, on_epoch=None):
     """(weight (D,), heads (H, D)) of `kind:feature[ variant]` on the votes; for lpft the tuned RewardModel in the
-    weight's place."""
+    weight's place (`on_epoch(epoch, loss, model)` after each of its passes)."""
     strategy, _, variant = strategy.partition(" ")
     kind, feature = strategy.split(":")
     chosen, rejected = data.diffs(feature, votes, [labels[i] for i in votes])
@@ -156,13 +154,10 @@ def fit(data: CurveData, strategy: str, votes: list[int], labels: dict[int, bool
     weight, heads, _ = fit_feature_heads(chosen, rejected, kind, StrategyConfig(votes=votes_config, seed=seed),
                                          strengths)
     if kind == "lpft":
-        probe = TrainedPreferenceModel("head", data.extractor, feature, weight, heads).as_reward_model()
-        margins, weights = graded_terms(strengths, votes_config.graded, votes_config.much_margin,
-                                        votes_config.much_weight)  # (N,) each
         pairs = [PreferencePair(p, a, b) if labels[i] else PreferencePair(p, b, a)
                  for i in votes for p, a, b in [data.texts[i]]]
-        weight = finetune_last_layer(probe, data.extractor.tokenizer, pairs, margins, weights,
-                                     votes_config.finetune_lr, votes_config.finetune_epochs, seed=seed)
+        weight = finetune_under_head(data.extractor, feature, weight, pairs, strengths,
+                                     StrategyConfig(votes=votes_config, seed=seed), on_epoch)
     return weight, heads
 
 

@@ -30,42 +30,30 @@ import torch
 
 from annotate.simulate import resolve_judge, resolve_score
 from bench.machine import describe_machine, machine_line
-from bench.reward_curve import CurveData, accuracy, fit, graded_settings, load_features, pooled_answers, split
-from rlhf.losses import graded_terms
-from rlhf.reward.data import PreferencePair
-from rlhf.reward.lpft import finetune_last_layer
-from rlhf.reward.strategies import FeatureExtractor, TrainedPreferenceModel
+from bench.reward_curve import CurveData, accuracy, fit, load_features, pooled_answers, split
+from rlhf.reward.strategies import FeatureExtractor
 
 
-def finetune_curve(data: CurveData, weight: torch.Tensor, votes: list[int], labels: dict[int, bool],
-                   strategy: str, evaluation: list[int], lr: float, epochs: int, batch_pairs: int,
-                   seed: int) -> list[float]:
-    """Held-out accuracy after each epoch of the round's LP-FT (rlhf.reward.lpft) from the fitted head."""
-    kind_feature, _, variant = strategy.partition(" ")
-    settings = graded_settings(variant or "off")
-    margins, weights = graded_terms(torch.tensor([data.strength[i] for i in votes], dtype=torch.float64),
-                                    settings["graded"], settings.get("much_margin", 0.0),
-                                    settings.get("much_weight", 1.0))  # (N,) each
-    probe = TrainedPreferenceModel("head", data.extractor, kind_feature.split(":")[1], weight,
-                                   weight[None, :]).as_reward_model()
-    pairs = [PreferencePair(p, a, b) if labels[i] else PreferencePair(p, b, a)
-             for i in votes for p, a, b in [data.texts[i]]]
+def finetune_curve(data: CurveData, votes: list[int], labels: dict[int, bool], strategy: str,
+                   evaluation: list[int], lr: float, epochs: int, seed: int) -> list[float]:
+    """Held-out accuracy after each epoch of the round's LP-FT (reward_curve's lpft strategy) at step `lr`."""
+    data.finetune = {"finetune_lr": lr, "finetune_epochs": epochs}
     curve = []
-    finetune_last_layer(probe, data.extractor.tokenizer, pairs, margins, weights, lr, epochs, batch_pairs, seed,
-                        on_epoch=lambda epoch, loss, model: curve.append(accuracy(data, strategy, model, evaluation)))
+    fit(data, strategy.replace("head:", "lpft:", 1), votes, labels, seed,
+        on_epoch=lambda epoch, loss, model: curve.append(accuracy(data, strategy, model, evaluation)))
     return curve
 
 
-def run_seed(data: CurveData, seed: int, n_votes: int, strategy: str, flip: float, lrs: list[float], epochs: int,
-             batch_pairs: int) -> dict:
+def run_seed(data: CurveData, seed: int, n_votes: int, strategy: str, flip: float, lrs: list[float],
+             epochs: int) -> dict:
     """reward_curve.run_seed's split and votes, then the head and its fine-tunings."""
     evaluation, _, labels, order = split(data, seed, flip)
     votes = [i for i in order if i in labels][:n_votes]
     weight, _ = fit(data, strategy, votes, labels, seed)
     result = {"head": accuracy(data, strategy, weight, evaluation), "n_votes": len(votes)}
     started = time.perf_counter()
-    result["lpft"] = {str(lr): finetune_curve(data, weight, votes, labels, strategy, evaluation, lr, epochs,
-                                              batch_pairs, seed) for lr in lrs}
+    result["lpft"] = {str(lr): finetune_curve(data, votes, labels, strategy, evaluation, lr, epochs, seed)
+                      for lr in lrs}
     result["seconds_per_fit"] = (time.perf_counter() - started) / len(lrs)
     return result
 
@@ -81,7 +69,6 @@ def main() -> int:
     parser.add_argument("--graded", default="margin:4", help="a reward_curve.py --graded variant (the round's default)")
     parser.add_argument("--lrs", default="1e-4,3e-4", help="Adam steps to sweep, comma-separated")
     parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--batch-pairs", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--jobs", type=int, default=1, help="seeds in parallel processes (one thread each)")
     args = parser.parse_args()
@@ -96,7 +83,7 @@ def main() -> int:
                      FeatureExtractor.from_model(args.model))
     started = time.perf_counter()
     lrs = [float(x) for x in args.lrs.split(",")]
-    jobs = [(data, seed, args.votes, strategy, args.flip, lrs, args.epochs, args.batch_pairs)
+    jobs = [(data, seed, args.votes, strategy, args.flip, lrs, args.epochs)
             for seed in range(args.seeds)]
     with multiprocessing.get_context("fork").Pool(min(args.jobs, args.seeds), torch.set_num_threads, (1,)) as pool:
         runs = pool.starmap(run_seed, jobs)

@@ -314,6 +314,20 @@ def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, 
     return weight, heads, metrics
 
 
+def finetune_under_head(extractor: FeatureExtractor, feature: str, weight: torch.Tensor, pairs: Sequence[PairLike],
+                        strengths: torch.Tensor, config: StrategyConfig,
+                        on_epoch: Callable[[int, float, RewardModel], None] | None = None) -> RewardModel:
+    """LP-FT's second half: the head `weight` (D,) on `feature` exported as a RewardModel, then its last decoder layer
+    fine-tuned on the votes `pairs` (strengths (N,) entering as votes.graded says) with votes.finetune_lr and
+    votes.finetune_epochs (rlhf.reward.lpft.finetune_last_layer)."""
+    probe = TrainedPreferenceModel("head", extractor, feature, weight, weight[None, :]).as_reward_model()
+    margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
+                                    config.votes.much_weight)  # (N,) each
+    return finetune_last_layer(probe, extractor.tokenizer, pairs, margins, weights, config.votes.finetune_lr,
+                               config.votes.finetune_epochs, seed=config.seed, max_length=config.reward.max_length,
+                               on_epoch=on_epoch)
+
+
 def saved_strategy(path: str | Path) -> str | None:
     """The strategy that trained the reward model folder at `path` (one of STRATEGIES); None when the folder
     was not written by TrainedPreferenceModel.save (a reward model trained by `--train-reward`, say)."""
@@ -353,16 +367,11 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
     weight, heads, metrics = fit_feature_heads(fc, fr, name, config, strengths)
     reward_model = None
     if name == "lpft":
-        probe = TrainedPreferenceModel("head", extractor, feature, weight, heads).as_reward_model()
-        margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
-                                        config.votes.much_weight)  # (N,) each
         def report(epoch: int, loss: float, _) -> None:
             if on_progress is not None:
                 on_progress({"rm/finetune_epoch": epoch, "rm/finetune_loss": loss})
 
-        reward_model = finetune_last_layer(probe, extractor.tokenizer, train, margins, weights,
-                                           config.votes.finetune_lr, config.votes.finetune_epochs,
-                                           seed=config.seed, max_length=config.reward.max_length, on_epoch=report)
+        reward_model = finetune_under_head(extractor, feature, weight, train, strengths, config, on_epoch=report)
         weight = None
     if name == "full":
         warm_start = config.reward.warm_start if scores_last_token(config.reward.warm_start) else None
