@@ -1,4 +1,4 @@
-"""LP-FT (rlhf/reward/lpft.py): the feature's last layer alone learns, from the probe, with the head's loss; the
+"""LP-FT (rlhf/reward/lpft.py): the feature's top layers alone learn, from the probe, with the head's loss; the
 "lpft" strategy saves a folder that scores as trained."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhf.reward.data import PreferencePair, TokenizedPair
-from rlhf.reward.lpft import finetune_last_layer, pad_pair_rows
+from rlhf.reward.lpft import finetune_top_layers, pad_pair_rows
 from rlhf.reward.model import RewardModel
 from rlhf.reward.strategies import (
     FeatureExtractor,
@@ -52,7 +52,7 @@ def test_the_loss_is_the_heads_graded_bradley_terry_loss(tiny_model_dir):
     margins = torch.tensor([0.0, 4.0, 0.0, 4.0, 0.0, 0.0])
     weights = torch.tensor([1.0, 1.0, 2.0, 1.0, 1.0, 3.0])
     losses = []
-    finetune_last_layer(probe, tokenizer, pairs, margins, weights, lr=0.0, epochs=1, batch_pairs=8,
+    finetune_top_layers(probe, tokenizer, pairs, margins, weights, lr=0.0, epochs=1, batch_pairs=8,
                         on_epoch=lambda epoch, loss, model: losses.append(loss))
     gap = (score_with_reward_model(probe, tokenizer, [p.prompt for p in pairs], [p.chosen for p in pairs])
            - score_with_reward_model(probe, tokenizer, [p.prompt for p in pairs], [p.rejected for p in pairs]))
@@ -60,17 +60,20 @@ def test_the_loss_is_the_heads_graded_bradley_terry_loss(tiny_model_dir):
     assert losses == [pytest.approx(by_hand, rel=1e-4, abs=1e-6)]
 
 
-def test_only_the_last_layer_learns_and_the_probe_is_left_as_it_was(tiny_model_dir):
+@pytest.mark.parametrize("n_layers, learning", [(1, {"1"}), (2, {"0", "1"})])
+def test_only_the_top_layers_learn_and_the_probe_is_left_as_it_was(tiny_model_dir, n_layers, learning):
     probe, tokenizer = probe_of(tiny_model_dir)
     before = {name: t.clone() for name, t in probe.state_dict().items()}
     pairs = courteous_pairs(12)
     losses = []
-    tuned = finetune_last_layer(probe, tokenizer, pairs, torch.zeros(12), torch.ones(12), lr=1e-3, epochs=6,
-                                batch_pairs=4, on_epoch=lambda epoch, loss, model: losses.append(loss))
+    tuned = finetune_top_layers(probe, tokenizer, pairs, torch.zeros(12), torch.ones(12), lr=1e-3, epochs=6,
+                                batch_pairs=4, n_layers=n_layers,
+                                on_epoch=lambda epoch, loss, model: losses.append(loss))
     assert all(torch.equal(t, before[name]) for name, t in probe.state_dict().items())  # the probe is untouched
     after = tuned.state_dict()
     changed = {name for name, t in after.items() if not torch.equal(t.to(before[name].dtype), before[name])}
-    assert changed and all(name.startswith("backbone.layers.1.") for name in changed)  # the last of 2 layers only
+    assert all(name.startswith("backbone.layers.") for name in changed)  # not the embeddings, not the head
+    assert {name.split(".")[2] for name in changed} == learning  # the top n_layers of the probe's 2, each moved
     assert not any(p.requires_grad for p in tuned.parameters())
     assert losses[-1] < losses[0]
     prompts = [p.prompt for p in pairs]
@@ -104,4 +107,17 @@ def test_lpft_strategy_saves_a_folder_that_scores_as_trained(tiny_model_dir, tmp
 def test_a_feature_of_the_embeddings_has_no_layer_to_fine_tune_and_says_so(tiny_model_dir):
     probe, tokenizer = probe_of(tiny_model_dir, layer=0)
     with pytest.raises(ValueError, match="mean@1 or deeper"):
-        finetune_last_layer(probe, tokenizer, courteous_pairs(2), torch.zeros(2), torch.ones(2), lr=1e-3, epochs=1)
+        finetune_top_layers(probe, tokenizer, courteous_pairs(2), torch.zeros(2), torch.ones(2), lr=1e-3, epochs=1)
+
+
+def test_more_layers_than_the_feature_reads_is_refused_with_the_range(tiny_model_dir):
+    probe, tokenizer = probe_of(tiny_model_dir, layer=2)
+    with pytest.raises(ValueError, match="1 to 2 of them, not 3"):
+        finetune_top_layers(probe, tokenizer, courteous_pairs(2), torch.zeros(2), torch.ones(2), lr=1e-3, epochs=1,
+                            n_layers=3)
+
+
+@pytest.mark.parametrize("setting", [{"finetune_layers": 0}, {"finetune_epochs": 0}, {"finetune_lr": 0.0}])
+def test_lpft_settings_out_of_range_are_refused_by_name(setting):
+    with pytest.raises(ValueError, match="votes.finetune_epochs and votes.finetune_layers must be at least 1"):
+        VotesConfig(**setting)

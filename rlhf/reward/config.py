@@ -103,9 +103,11 @@ class VotesConfig:
     the head by 1.5-1.9 points on two tuning annotators and 1.3-2.0 on three held-out ones (docs/few-votes.md,
     "LP-FT"); fewer votes were not measured. It costs about 1 minute at 300 votes and 3 at 900 on a 2-core CPU."""
     finetune_lr: float = 1e-4
-    """LP-FT: Adam's step for the feature's last decoder layer (larger steps peaked sooner, then overfitted)."""
+    """LP-FT: Adam's step for the fine-tuned decoder layers (larger steps peaked sooner, then overfitted)."""
     finetune_epochs: int = 5
     """LP-FT: passes over the votes."""
+    finetune_layers: int = 1
+    """LP-FT: decoder layers fine-tuned, the last ones the feature reads."""
     feature: str = DEFAULT_FEATURE
     """Frozen feature of the head strategies, "pooling@layer" (every one exports as the RewardModel PPO uses)."""
     n_heads: int = 8
@@ -131,9 +133,10 @@ class VotesConfig:
     """z of the interval on held-out accuracy; PPO is refused when its lower end is below chance (0.5)."""
 
     def __post_init__(self) -> None:
-        if self.finetune_epochs < 1 or self.finetune_lr <= 0:
-            raise ValueError(f"votes.finetune_epochs must be at least 1 and votes.finetune_lr above 0, not "
-                             f"{self.finetune_epochs} and {self.finetune_lr}")
+        if self.finetune_epochs < 1 or self.finetune_lr <= 0 or self.finetune_layers < 1:
+            raise ValueError(f"votes.finetune_epochs and votes.finetune_layers must be at least 1 and "
+                             f"votes.finetune_lr above 0, not {self.finetune_epochs}, {self.finetune_layers} and "
+                             f"{self.finetune_lr}")
         if self.graded not in GRADED_USES:
             raise ValueError(f"votes.graded must be one of {', '.join(GRADED_USES)}, not {self.graded!r}")
 

@@ -42,7 +42,7 @@ from rlhf.reward.data import (
     split_pairs,
     tokenize_pairs,
 )
-from rlhf.reward.lpft import finetune_last_layer
+from rlhf.reward.lpft import finetune_top_layers
 from rlhf.reward.model import (
     MARKER_FILE,
     RewardModel,
@@ -317,14 +317,15 @@ def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, 
 def finetune_under_head(extractor: FeatureExtractor, feature: str, weight: torch.Tensor, pairs: Sequence[PairLike],
                         strengths: torch.Tensor, config: StrategyConfig,
                         on_epoch: Callable[[int, float, RewardModel], None] | None = None) -> RewardModel:
-    """LP-FT's second half: the head `weight` (D,) on `feature` exported as a RewardModel, then its last decoder layer
-    fine-tuned on the votes `pairs` (strengths (N,) entering as votes.graded says) with votes.finetune_lr and
-    votes.finetune_epochs (rlhf.reward.lpft.finetune_last_layer)."""
+    """LP-FT's second half: the head `weight` (D,) on `feature` exported as a RewardModel, then its top
+    votes.finetune_layers decoder layers fine-tuned on the votes `pairs` (strengths (N,) entering as votes.graded
+    says) with votes.finetune_lr and votes.finetune_epochs (rlhf.reward.lpft.finetune_top_layers)."""
     probe = TrainedPreferenceModel("head", extractor, feature, weight, weight[None, :]).as_reward_model()
     margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
                                     config.votes.much_weight)  # (N,) each
-    return finetune_last_layer(probe, extractor.tokenizer, pairs, margins, weights, config.votes.finetune_lr,
+    return finetune_top_layers(probe, extractor.tokenizer, pairs, margins, weights, config.votes.finetune_lr,
                                config.votes.finetune_epochs, seed=config.seed, max_length=config.reward.max_length,
+                               n_layers=config.votes.finetune_layers,
                                on_epoch=on_epoch)
 
 
