@@ -11,8 +11,9 @@ Active column: the budget counts pairs SHOWN (a tie costs a showing and yields n
 start from the same random 32; random then shows further random pairs, active queues the pairs its bootstrap
 ensemble disagrees on most, plus a random share. Ends with one JSON line.
 
-`lpft:mean@2` is the round's LP-FT (rlhf/reward/lpft.py): the head, then the feature's last decoder layer fine-tuned
-under it on the same votes (--finetune-lr, --finetune-epochs; the defaults are the round's), scored by the tuned model.
+`lpft:mean@2` is the round's LP-FT (rlhf/reward/lpft.py): the head, then the feature's top decoder layers fine-tuned
+under it on the same votes (--finetune-lr, --finetune-epochs, --finetune-layers; the defaults are the round's),
+scored by the tuned model.
 
 A strategy's feature may join layers, `head:mean@2+mean@8`: the head is fitted on both layers' features side by side,
 a mix of layers learned with the head (its L2 strength cross-validated as ever).
@@ -98,12 +99,12 @@ class CurveData:
     """Candidates, their noiseless labels and the feature rows of both answers."""
 
     def __init__(self, rows: list[dict], index: dict, features: dict[str, torch.Tensor], judge, score=None,
-                 extractor: FeatureExtractor | None = None):
+                 extractor: FeatureExtractor | None = None, finetune: dict | None = None):
         self.features = features
         self.extractor = extractor
         """The model's backbone for strategies that fine-tune it (lpft)."""
-        self.finetune: dict = {}
-        """VotesConfig's finetune_lr and finetune_epochs when not the round's defaults."""
+        self.finetune = dict(finetune or {})
+        """VotesConfig's finetune_* fields where they are not the round's defaults."""
         self.candidates = candidate_pairs([r["answers"] for r in rows])
         self.prompt_of = [c.prompt_index for c in self.candidates]
         texts = [(rows[c.prompt_index]["prompt"], rows[c.prompt_index]["answers"][c.a],
@@ -163,11 +164,13 @@ def fit(data: CurveData, strategy: str, votes: list[int], labels: dict[int, bool
 
 def accuracy(data: CurveData, strategy: str, weight: torch.Tensor | RewardModel, evaluation: list[int]) -> float:
     if isinstance(weight, RewardModel):  # lpft: the tuned model scores the held-out answers
-        prompts = [data.texts[i][0] for i in evaluation]
-        tokenizer = data.extractor.tokenizer
-        score_a = score_with_reward_model(weight, tokenizer, prompts, [data.texts[i][1] for i in evaluation])
-        score_b = score_with_reward_model(weight, tokenizer, prompts, [data.texts[i][2] for i in evaluation])
-        right = [bool(a > b) == (data.truth[i] == "a") for i, a, b in zip(evaluation, score_a, score_b)]
+        # each distinct answer scored once (an answer is in up to 3 of its prompt's pairs)
+        answers = list(dict.fromkeys((data.texts[i][0], text) for i in evaluation for text in data.texts[i][1:]))
+        scores = score_with_reward_model(weight, data.extractor.tokenizer, [p for p, _ in answers],
+                                         [a for _, a in answers])
+        score_of = dict(zip(answers, scores.tolist()))
+        right = [(score_of[(p, a)] > score_of[(p, b)]) == (data.truth[i] == "a")
+                 for i in evaluation for p, a, b in [data.texts[i]]]
         return sum(right) / len(right)
     feature = strategy.split(" ")[0].split(":")[1]
     chosen, rejected = data.diffs(feature, evaluation, [data.truth[i] == "a" for i in evaluation])
@@ -256,6 +259,7 @@ def main() -> int:
                         help="how graded votes enter the head: off, margin:M, weight:W (comma-separated variants)")
     parser.add_argument("--finetune-lr", type=float, help="lpft: Adam's step (default: the round's)")
     parser.add_argument("--finetune-epochs", type=int, help="lpft: passes over the votes (default: the round's)")
+    parser.add_argument("--finetune-layers", type=int, help="lpft: decoder layers fine-tuned (default: the round's)")
     parser.add_argument("--no-active", action="store_true", help="curves only, no active against random arms")
     parser.add_argument("--features-only", action="store_true", help="extract and cache features, then stop")
     parser.add_argument("--threads", type=int, default=1)
@@ -280,10 +284,11 @@ def main() -> int:
         print(f"--graded needs an annotator with a score; {args.annotator} has none.", file=sys.stderr)
         return 2
     uses_lpft = any(s.startswith("lpft:") for s in [*args.strategies.split(","), args.active_strategy])
+    finetune = {name: value for name, value in (("finetune_lr", args.finetune_lr),
+                                                ("finetune_epochs", args.finetune_epochs),
+                                                ("finetune_layers", args.finetune_layers)) if value is not None}
     data = CurveData(rows, index, features, resolve_judge(args.annotator), graded_score,
-                     FeatureExtractor.from_model(args.model) if uses_lpft else None)
-    data.finetune = {name: value for name, value in (("finetune_lr", args.finetune_lr),
-                                                     ("finetune_epochs", args.finetune_epochs)) if value is not None}
+                     FeatureExtractor.from_model(args.model) if uses_lpft else None, finetune)
     sizes = [int(s) for s in args.sizes.split(",")]
     strategies = [s if v == "off" else f"{s} {v}" for s in args.strategies.split(",") for v in variants]
     started = time.perf_counter()

@@ -37,7 +37,7 @@ from rlhf.reward.strategies import FeatureExtractor
 def finetune_curve(data: CurveData, votes: list[int], labels: dict[int, bool], strategy: str,
                    evaluation: list[int], lr: float, epochs: int, seed: int) -> list[float]:
     """Held-out accuracy after each epoch of the round's LP-FT (reward_curve's lpft strategy) at step `lr`."""
-    data.finetune = {"finetune_lr": lr, "finetune_epochs": epochs}
+    data.finetune = {**data.finetune, "finetune_lr": lr, "finetune_epochs": epochs}
     curve = []
     fit(data, strategy.replace("head:", "lpft:", 1), votes, labels, seed,
         on_epoch=lambda epoch, loss, model: curve.append(accuracy(data, strategy, model, evaluation)))
@@ -69,6 +69,8 @@ def main() -> int:
     parser.add_argument("--graded", default="margin:4", help="a reward_curve.py --graded variant (the round's default)")
     parser.add_argument("--lrs", default="1e-4,3e-4", help="Adam steps to sweep, comma-separated")
     parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--finetune-layers", type=int,
+                        help="decoder layers fine-tuned, the top ones (default: the round's)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--jobs", type=int, default=1, help="seeds in parallel processes (one thread each)")
     args = parser.parse_args()
@@ -80,7 +82,8 @@ def main() -> int:
     strategy = f"head:mean@{args.layer}" + ("" if args.graded == "off" else f" {args.graded}")
     data = CurveData(rows, index, features, resolve_judge(args.annotator),
                      resolve_score(args.annotator) if args.graded != "off" else None,
-                     FeatureExtractor.from_model(args.model))
+                     FeatureExtractor.from_model(args.model),
+                     {} if args.finetune_layers is None else {"finetune_layers": args.finetune_layers})
     started = time.perf_counter()
     lrs = [float(x) for x in args.lrs.split(",")]
     jobs = [(data, seed, args.votes, strategy, args.flip, lrs, args.epochs)

@@ -25,7 +25,7 @@ from bench.curve_data import answers_cache_path, read_answers
 from bench.machine import describe_machine, machine_line
 from rlhf.reward.active import candidate_pairs
 from rlhf.reward.data import PreferencePair
-from rlhf.reward.strategies import FeatureExtractor, StrategyConfig, train_strategy
+from rlhf.reward.strategies import FeatureExtractor, StrategyConfig, VotesConfig, train_strategy
 
 
 def main() -> int:
@@ -36,6 +36,7 @@ def main() -> int:
     parser.add_argument("--strategies", default="head,lpft")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--finetune-layers", type=int, help="lpft: decoder layers fine-tuned (default: the round's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     machine = describe_machine()
@@ -53,17 +54,19 @@ def main() -> int:
         verdict = judge(prompt, a, b)
         if verdict != "tie":
             pairs.append(PreferencePair(prompt, a, b) if verdict == "a" else PreferencePair(prompt, b, a))
+    votes = VotesConfig() if args.finetune_layers is None else VotesConfig(finetune_layers=args.finetune_layers)
     seconds = {}
     for n in [int(v) for v in args.votes.split(",")]:
         for strategy in args.strategies.split(","):
             extractor = FeatureExtractor.from_model(args.model)  # a fresh feature cache, as a round starts with
             started = time.perf_counter()
-            model = train_strategy(strategy, pairs[:n], args.model, StrategyConfig(), extractor=extractor)
+            model = train_strategy(strategy, pairs[:n], args.model, StrategyConfig(votes=votes), extractor=extractor)
             seconds.setdefault(strategy, {})[n] = round(time.perf_counter() - started, 1)
             print(f"{strategy:<8} {min(n, len(pairs)):>5} votes: {seconds[strategy][n]:>7.1f} s, held-out "
                   f"{model.metrics.get('rm/heldout_accuracy', float('nan')):.1%}", flush=True)
     print(json.dumps({"bench": "reward_strategy_time", "annotator": args.annotator, "seconds": seconds,
-                      "available_votes": len(pairs), "threads": args.threads, "machine": machine}))
+                      "available_votes": len(pairs),
+                      "finetune_layers": votes.finetune_layers, "threads": args.threads, "machine": machine}))
     return 0
 
 
