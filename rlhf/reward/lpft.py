@@ -6,7 +6,8 @@ exports it as a RewardModel: the backbone's first L layers, the head as v_head. 
 those decoder layers (layer L and the ones just below it) are trained on the same votes with the head's own loss
 (-log sigmoid(r_c - r_r - m), the graded margin m), everything else frozen: the head, so the first steps move the
 features along it instead of undoing a head that a random start would first have to learn, and the layers below, so
-a few hundred votes train a few million weights, not the whole model. docs/few-votes.md ("LP-FT") has the measurements behind the step and the epochs.
+a few hundred votes train a few million weights, not the whole model. docs/few-votes.md ("LP-FT") has the
+measurements behind the step, the epochs and the one layer.
 """
 
 from __future__ import annotations
