@@ -28,7 +28,11 @@ SUMMARY_KEYS = [
     ("ppo/response_len", "mean answer length (tokens)", "{:.1f}"),
     ("round/policy_id", "new policy", "{}"),
     ("round/pairs_generated", "pairs queued for annotation", "{}"),
-    ("round/seconds", "seconds", "{:.0f}"),
+    ("round/reward_seconds", "seconds: reward model", "{:.0f}"),
+    ("round/ppo_seconds", "seconds: PPO", "{:.0f}"),
+    ("round/ceiling_seconds", "seconds: the oracle's ceiling (demo)", "{:.0f}"),
+    ("round/pairs_seconds", "seconds: next pairs", "{:.0f}"),
+    ("round/seconds", "seconds: the whole round", "{:.0f}"),
 ]
 
 
@@ -199,7 +203,16 @@ def round_line(row: dict, first: dict) -> str:
     if row.get("oracle_win_rate") is not None:
         text += (f"; oracle ceiling: win rate {verdicts('oracle_')}, judge score "
                  f"{_plus_minus(row['oracle_judge_score'], row['oracle_judge_score_se'])}, kl {row['oracle_kl']}")
-    return text + f", {row['seconds']} s"
+    if row.get("round_seconds") is not None:
+        text += f", the round {row['round_seconds']} s"
+    return text + f", {row['seconds']} s with votes and judging"
+
+
+def own_round_seconds(metrics: dict) -> float | None:
+    """Seconds the round itself took (what `--train-round` takes on the same votes): its run less the oracle's ceiling,
+    a demo measurement; None for a round a crash left without a time."""
+    seconds = metrics.get("round/seconds")
+    return None if seconds is None else round(seconds - metrics.get("round/ceiling_seconds", 0.0), 1)
 
 
 def repeat_each(prompts: list[str], times: int) -> list[str]:
@@ -313,6 +326,7 @@ def demo_loop(args, config: LoopConfig) -> int:
             row.update({"oracle_" + key: value for key, value in judge_policy(ceiling)[1].items()} if ceiling else
                        {"oracle_win_rate": None})
             row["oracle_kl"] = metrics.get("ceiling/kl")
+        row["round_seconds"] = own_round_seconds(metrics)
         row["seconds"] = round(time.perf_counter() - started, 1)
         rows.append(row)
         print(round_line(row, first_score), flush=True)

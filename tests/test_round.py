@@ -304,7 +304,7 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     # round 2's top-up is chosen by round 1's reward model, as the app's generate button would choose it
     assert "chosen by the reward model at" in captured.err
     row_keys = {"round", "rm_accuracy", "reward", "kl", "win_rate", "win_rate_low", "win_rate_high", "wins", "losses",
-                "ties", "judge_score", "judge_score_se", "rm_score", "rm_score_first", "seconds"}
+                "ties", "judge_score", "judge_score_se", "rm_score", "rm_score_first", "round_seconds", "seconds"}
     oracle_keys = {"oracle_win_rate", "oracle_win_rate_low", "oracle_win_rate_high", "oracle_wins", "oracle_losses",
                    "oracle_ties", "oracle_judge_score", "oracle_judge_score_se", "oracle_kl"}
 
@@ -316,6 +316,8 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
             assert row[prefix + "judge_score"] > 0  # `longer` scores an answer by its words: their mean
             assert row[prefix + "judge_score_se"] >= 0
         assert isinstance(row["rm_score"], float) and isinstance(row["rm_score_first"], float)
+        # the round's own seconds leave out the votes and the judging around it
+        assert 0 < row["round_seconds"] < row["seconds"]
 
     for row in result["rounds"]:
         assert set(row) == row_keys
@@ -346,6 +348,12 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     assert ceiling.name == "ceiling-policy" and (ceiling / "config.json").is_file()
     assert [p.round for p in store.policies()] == [0, 1, 2, 3]  # the ceiling's policy is a folder, not a policy
     assert store.latest_policy().path == third.metrics["round/policy_path"] != str(ceiling)
+    # each stage is timed; the round's own seconds are its run less the ceiling, a demo measurement
+    stages = [third.metrics[f"round/{stage}_seconds"] for stage in ("reward", "ppo", "ceiling", "pairs")]
+    assert all(seconds > 0 for seconds in stages) and sum(stages) <= third.metrics["round/seconds"]
+    assert result["rounds"][0]["round_seconds"] == pytest.approx(
+        third.metrics["round/seconds"] - third.metrics["round/ceiling_seconds"], abs=0.1)
+    assert "round/ceiling_seconds" not in store.rounds()[0].metrics  # no ceiling, nothing to leave out
     # every policy of both runs (first, rounds, the ceiling) was judged on the same four prompts
     assert len(judged_prompts) == 1 + 2 + 1 + 1 + 1
     assert all(prompts == judged_prompts[0][1] for _path, prompts in judged_prompts)

@@ -227,20 +227,27 @@ def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log:
         if is_main:
             store.update_round_metrics(plan.round_id, values)
 
+    def timed(stage: str, run_stage, *stage_args):
+        """A stage's result; its wall seconds recorded as round/<stage>_seconds."""
+        stage_started = time.perf_counter()
+        outcome = run_stage(*stage_args)
+        record({f"round/{stage}_seconds": time.perf_counter() - stage_started})
+        return outcome
+
     try:
         policy_id, reward_path = plan.reuse_policy_id, plan.reuse_reward_path
         if policy_id is None:
-            reward_path = _reward_stage(plan, base_model, config, record, log)
-            policy_id = _ppo_stage(plan, reward_path, config, record, log, store, reward_function)
-            if ceiling_reward is not None:
-                _ceiling_stage(plan, reward_path, config, record, log, ceiling_reward)
+            reward_path = timed("reward", _reward_stage, plan, base_model, config, record, log)
+            policy_id = timed("ppo", _ppo_stage, plan, reward_path, config, record, log, store, reward_function)
+            if ceiling_reward is not None:  # the demo's measurement, not the round's work: timed apart
+                timed("ceiling", _ceiling_stage, plan, reward_path, config, record, log, ceiling_reward)
         else:
             log(f"Round {plan.round_id}: policy {policy_id} was saved by a crashed round; generating its pairs.")
             record({"round/policy_id": policy_id, "round/resumed_policy": True})
         if is_main:
             record({"round/stage": "pairs"})
-            made = _pairs_stage(store, plan, policy_id, config, log, reward_path, record,
-                                frozenset(exclude_prompts or ()))
+            made = timed("pairs", _pairs_stage, store, plan, policy_id, config, log, reward_path, record,
+                         frozenset(exclude_prompts or ()))
             record({"round/pairs_generated": made, "round/seconds": time.perf_counter() - started,
                     "round/stage": "done"})
             store.finish_round(plan.round_id)
