@@ -1,6 +1,6 @@
 """rlhf-loop: people rank pairs in a browser, a reward model learns their votes, PPO moves the policy.
 
-This file only parses the command line, builds the one configuration (commands.config) and dispatches to a
+This file only parses the command line, builds the one configuration (loop.config_files) and dispatches to a
 command of the `commands/` layer.
 """
 
@@ -105,7 +105,7 @@ def dispatch(args: argparse.Namespace, config) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from commands.config import ConfigError
+    from loop.config_files import ConfigError
     from commands.flags import config_from_args
 
     args = build_parser().parse_args(argv)

@@ -16,8 +16,7 @@ from typing import Callable
 
 import gradio as gr
 
-from annotate.generation_job import GenerationJob, PairGenerator
-from annotate.rounds_runner import RoundRunner
+from annotate.background import PairJob, RoundStarter
 from annotate.store import Store
 from annotate.ui_admin import AdminHandlers, build_admin_tab
 from annotate.ui_dashboard import DashboardHandlers, build_dashboard_tab
@@ -62,7 +61,7 @@ class AnnotateView:
 class AnnotateHandlers:
     """Sign-in, the one vote handler, and looking for work while the queue is empty."""
 
-    def __init__(self, store: Store, config: AppConfig, job: GenerationJob, runner: RoundRunner):
+    def __init__(self, store: Store, config: AppConfig, job: PairJob, runner: RoundStarter):
         self.store, self.config, self.job, self.runner = store, config, job, runner
         self._first_admin_lock = threading.Lock()
 
@@ -189,15 +188,15 @@ def read_guidelines(path: Path) -> str:
         return f"(No guidelines yet: write them in `{path}`.)"
 
 
-def build_app(store: Store, generator: PairGenerator, runner: RoundRunner, config: AppConfig | None = None) -> gr.Blocks:
-    """The whole app. `generator` writes pairs to the store (a child process; a fake in tests); `runner` starts
-    training rounds as child processes."""
+def build_app(store: Store, job: PairJob, runner: RoundStarter, config: AppConfig | None = None) -> gr.Blocks:
+    """The whole app. `job` makes pairs in the background (a child process in the app, loop.children; a fake
+    generator in tests), `runner` starts training rounds as child processes; on a first start with prompts and no
+    pairs the job makes config.first_batch_pairs."""
     config = config or AppConfig()
     if config.sessions is None and not config.require_auth:
         config = replace(config, sessions=SessionTokens.beside(store.path))
     for admin in config.admins:
         store.set_role(admin, "admin")
-    job = GenerationJob(generator)
     if config.first_batch_pairs > 0 and store.count_pairs() == 0 and store.count_prompts() > 0:
         job.start(config.first_batch_pairs, versus_share=0.0, started_by="first start")
     annotate = AnnotateHandlers(store, config, job, runner)

@@ -15,10 +15,9 @@ from typing import Iterator
 import gradio as gr
 import pandas as pd
 
-from annotate.generation_job import GenerationJob
+from annotate.background import PairJob, RoundStarter
 from annotate.importers import ACCEPTED_FILES, PromptImportError
 from annotate.records import ROLES
-from annotate.rounds_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui_session import AppConfig, Session, clean_name, escape, signed_in_name
 
@@ -30,7 +29,7 @@ ANNOTATOR_COLUMNS = ["name", "role", "votes", "since"]
 class AdminHandlers:
     """Plain functions behind the admin tab; each returns what the page shows, refusals included."""
 
-    def __init__(self, store: Store, config: AppConfig, job: GenerationJob, runner: RoundRunner):
+    def __init__(self, store: Store, config: AppConfig, job: PairJob, runner: RoundStarter):
         self.store, self.config, self.job, self.runner = store, config, job, runner
 
     def refusal(self, session: Session | None, request: gr.Request | None = None) -> str | None:

@@ -15,6 +15,7 @@ import gradio as gr
 import pandas as pd
 
 from annotate.records import Round
+from annotate.statistics import wilson_interval
 from annotate.store import Store
 from annotate.ui_session import AppConfig
 
@@ -33,17 +34,6 @@ WIN_RATE_COLUMNS = ["policy", "against", "wins", "losses", "ties", "both bad", "
 AGREEMENT_COLUMNS = ["annotator 1", "annotator 2", "pairs", "agreement", "kappa"]
 NO_ROUNDS_ACROSS = "No rounds yet: each finished round adds a point here."
 NO_ROUNDS_WITHIN = "No rounds yet: the last round's per-step curves appear here."
-Z_95 = 1.959964
-
-
-def wilson_interval(accuracy: float, n: int, z: float = Z_95) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion measured on n items (sound for small n and values near 0 or 1)."""
-    if n <= 0:
-        raise ValueError(f"an interval needs at least one item, got n={n}")
-    denominator = 1 + z * z / n
-    center = (accuracy + z * z / (2 * n)) / denominator
-    half = z / denominator * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
-    return max(0.0, center - half), min(1.0, center + half)
 
 
 def first_number(metrics: dict, keys: tuple[str, ...]) -> float | None:

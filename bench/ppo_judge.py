@@ -27,14 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from annotate.importers import read_prompts
-from annotate.policy_pairs import policy_answers
+from loop.policies import policy_answers
 from annotate.simulate import resolve_judge, resolve_score
 from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
-from commands.config import load_config
-from commands.round import judged, mean_and_standard_error, oracle_reward, repeat_each
+from loop.config_files import load_config
+from annotate.statistics import mean_and_standard_error
+from loop.judging import judged, oracle_reward, repeat_each
 from rlhf.models import resolve_model_path
 from rlhf.ppo.train import train_ppo
-from rlhf.round.config import function_ppo_settings
+from loop.config import function_ppo_settings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from commands.config import LoopConfig
+from loop.config import LoopConfig
 from commands.flags import CONFIG_FLAGS, field_docs
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"

@@ -12,7 +12,8 @@ from pathlib import Path
 from annotate.importers import PromptImportError
 from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, resolve_score, simulate_votes
 from annotate.store import Store
-from commands.config import LoopConfig, config_as_toml
+from loop.config import LoopConfig
+from loop.config_files import config_as_toml
 
 
 def _fail(message: str) -> int:

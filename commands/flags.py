@@ -14,7 +14,9 @@ import inspect
 import textwrap
 from typing import Any
 
-from commands.config import LoopConfig, load_config
+from loop.config import LoopConfig
+
+from loop.config_files import load_config
 
 CONFIG_FLAGS: dict[str, list[tuple[str, tuple[str, ...], dict]]] = {
     "common options": [

@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from commands.config import LoopConfig
+from loop.config import LoopConfig
 from rlhf.distributed import is_main_process
 
 CHECKPOINTS = Path("data/checkpoints")
@@ -29,70 +29,34 @@ def _out_dir(args, kind: str) -> Path:
 
 def sft(args, config: LoopConfig) -> int:
     """`python app.py --sft [FILE]`: fine-tune the model on FILE, or on the annotators' demonstrations, and record it
-    as the round-0 policy the next rounds start from."""
-    from annotate.store import Store
+    as the round-0 policy the next rounds start from (loop.stages.sft_on_store)."""
+    from loop.stages import StageInputError, sft_on_store
     from rlhf.models import ModelNotFoundError
-    from rlhf.sft.train import SFTDataError, sft_examples_from_jsonl, train_sft
+    from rlhf.sft.train import SFTDataError
 
-    model, db = config.app.model, config.app.db
-    out_dir = _out_dir(args, "sft")
-    main_process = is_main_process()  # under accelerate launch / torchrun only one writes the store
-    store = Store(db)
     try:
-        if args.sft:
-            examples, source = sft_examples_from_jsonl(args.sft), args.sft
-        else:
-            examples, source = store.demonstrations(), f"the demonstrations in {db}"
-            if not examples:
-                return _fail("--sft", f"{db} holds no demonstrations yet. Annotators write them in the app's "
-                             "'write a better answer' box; or pass a JSONL file: --sft FILE with one "
-                             "{\"prompt\": ..., \"response\": ...} object a line.")
-        current = store.ensure_base_policy(model) if main_process else store.latest_policy()
-        if main_process and current.round > 0:
-            print(f"app.py --sft: note: rounds have already run (the current policy is round {current.round}). The "
-                  "SFT model becomes the reference of the next rounds; they go on from the current policy.",
-                  file=sys.stderr)
-        if main_process:
-            print(f"SFT of {model} on {len(examples)} examples from {source}; saving to {out_dir}", file=sys.stderr)
-        result = train_sft(model, examples, config.sft, out_dir)
-    except (SFTDataError, ModelNotFoundError) as error:
+        outcome = sft_on_store(config, args.sft or None, _out_dir(args, "sft"))
+    except (StageInputError, SFTDataError, ModelNotFoundError) as error:
         return _fail("--sft", str(error))
-    if not main_process:
+    if outcome.policy_id is None:
         return 0
-    base = store.policies()[0]  # the first recorded policy is the base model
-    policy_id = store.add_policy(round=0, path=str(result.out_dir), parent_id=base.id)
+    result = outcome.result
     print(f"SFT done: {result.steps} steps in {result.seconds:.0f} s, loss {result.losses[0]:.3f} -> "
-          f"{result.final_loss:.3f}. Saved to {result.out_dir}, recorded as policy {policy_id} (round 0): "
+          f"{result.final_loss:.3f}. Saved to {result.out_dir}, recorded as policy {outcome.policy_id} (round 0): "
           "it is now the reference and the starting actor.")
     return 0
 
 
-def _preference_pairs(args, db: str) -> list:
-    """Pairs from `--data FILE` when given, else the store's majority preferences."""
-    from rlhf.reward.data import PreferenceDataError, load_preference_file
-
-    if args.data:
-        return load_preference_file(args.data)
-    if not Path(db).is_file():
-        raise PreferenceDataError(
-            f"No database at {db}: nothing has been voted on yet. Collect votes in the app first, pass --db PATH, "
-            "or train from a file with --data FILE (JSONL or a dataset folder with prompt, chosen, rejected)."
-        )
-    from annotate.store import Store
-
-    with Store(db) as store:
-        return list(store.preferences())
-
-
 def train_reward(args, config: LoopConfig) -> int:
     """`python app.py --train-reward`: train on the votes (or --data), save, print the held-out accuracy."""
+    from loop.stages import preference_pairs
     from rlhf.models import ModelNotFoundError
     from rlhf.reward.data import PreferenceDataError
     from rlhf.reward.train import train_reward_model
 
     reward = replace(config.reward, model=config.app.model, out_dir=str(_out_dir(args, "reward")))
     try:
-        pairs = _preference_pairs(args, config.app.db)
+        pairs = preference_pairs(args.data, config.app.db)
         if is_main_process():
             print(f"Training the reward model on {len(pairs)} preference pairs from {args.data or config.app.db} ...",
                   file=sys.stderr)
@@ -116,34 +80,14 @@ def train_reward(args, config: LoopConfig) -> int:
     return 0
 
 
-def _ppo_prompts(args, db: str) -> list[str]:
-    """Prompts from --prompts FILE, else from the store; raises ValueError with the fix in its message."""
-    from annotate.importers import PromptImportError, read_prompts
-    from annotate.store import Store
-
-    if args.prompts:
-        try:
-            return read_prompts(args.prompts)
-        except PromptImportError as error:
-            raise ValueError(str(error)) from None
-    if not Path(db).is_file():
-        raise ValueError(f"no database at {db}: import prompts with --import-prompts FILE, "
-                         "or pass them with --prompts FILE")
-    with Store(db) as store:
-        prompts = [prompt.text for prompt in store.prompts()]
-    if not prompts:
-        raise ValueError(f"{db} holds no prompts: import some with --import-prompts FILE, "
-                         "or pass them with --prompts FILE")
-    return prompts
-
-
 def train_ppo(args, config: LoopConfig) -> int:
     """`--train-ppo --reward-model DIR [--prompts FILE] [--out DIR] [--reference DIR]`: PPO alone, with [ppo] as the
-    round would run it on that reward model (rlhf.round.config.ppo_settings)."""
+    round would run it on that reward model (loop.config.ppo_settings)."""
+    from loop.config import ppo_settings
+    from loop.stages import StageInputError, ppo_prompts
     from rlhf.models import ModelNotFoundError
     from rlhf.ppo.train import train_ppo as run_ppo
     from rlhf.reward.model import is_reward_model_dir
-    from rlhf.round.config import ppo_settings
 
     if not args.reward_model:
         return _fail("--train-ppo", "needs --reward-model DIR, a folder saved by --train-reward or a round")
@@ -151,8 +95,8 @@ def train_ppo(args, config: LoopConfig) -> int:
         return _fail("--train-ppo", f"{args.reward_model} is not a reward model folder (no reward_model.json "
                      "there); train one with --train-reward")
     try:
-        prompts = _ppo_prompts(args, config.app.db)
-    except ValueError as error:
+        prompts = ppo_prompts(args.prompts, config.app.db)
+    except StageInputError as error:
         return _fail("--train-ppo", str(error))
     ppo = ppo_settings(config, args.reward_model)
     if ppo is not config.ppo and is_main_process():

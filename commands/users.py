@@ -12,7 +12,7 @@ from pathlib import Path
 
 from annotate.passwords import MIN_PASSWORD_CHARS, AuthFileError, set_password, upgrade_auth_file
 from annotate.store import Store
-from commands.config import LoopConfig
+from loop.config import LoopConfig
 
 DEFAULT_AUTH_FILE = Path("data/auth.txt")
 

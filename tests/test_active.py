@@ -69,7 +69,7 @@ def test_choose_pairs_scores_every_candidate_with_the_model():
 
 
 def test_make_active_pairs_stores_the_pairs_the_chooser_picks(tiny_model_dir):
-    from annotate.policy_pairs import make_active_pairs
+    from loop.pairs import make_active_pairs
     from annotate.store import Store
     from rlhf.generate import AnswerSampling
 
@@ -95,7 +95,7 @@ def test_make_active_pairs_stores_the_pairs_the_chooser_picks(tiny_model_dir):
 
 
 def test_make_active_pairs_seed_fixes_the_sampled_answers(tiny_model_dir):
-    from annotate.policy_pairs import make_active_pairs
+    from loop.pairs import make_active_pairs
     from annotate.store import Store
     from rlhf.generate import AnswerSampling
 

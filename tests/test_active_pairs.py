@@ -2,7 +2,9 @@
 
 import torch
 
-from annotate.policy_pairs import load_pair_judge, pair_judge_path, queue_pairs
+from loop.policies import load_pair_judge, pair_judge_path
+
+from loop.pairs import queue_pairs
 from annotate.store import Store
 from rlhf.generate import AnswerSampling
 from rlhf.reward.strategies import HEADS_FILE, VotesConfig
@@ -90,11 +92,11 @@ def test_the_pair_judge_is_the_last_finished_rounds_reward_model_with_heads(tmp_
 
 def test_the_apps_generator_chooses_sample_pairs_with_the_last_rounds_reward_model(tiny_model_dir, tmp_path,
                                                                                    monkeypatch, capsys):
-    """The app makes pairs with a child `app.py --generate-pairs N --progress-lines --config FILE` (commands.serve);
+    """The app makes pairs with a child `app.py --generate-pairs N --progress-lines --config FILE` (loop.app_server);
     the same command runs here in this process, so the judge's calls can be counted."""
     import app
-    from commands.config import LoopConfig
-    from commands.serve import child_command, write_child_config
+    from loop.config import LoopConfig
+    from loop.app_server import child_command, write_child_config
     from rlhf.reward.data import PreferencePair
     from rlhf.reward.strategies import StrategyConfig, TrainedPreferenceModel, train_strategy
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from annotate.records import NewGeneration, NewPair
-from annotate.rounds_runner import RoundRunner
+from loop.children.pair_job import GenerationJob
+from loop.children.round_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui import build_app
 from annotate.ui_session import AppConfig
@@ -71,7 +72,7 @@ def app_url(tmp_path):
     fake_round.write_text(f"import pathlib, time\npathlib.Path({str(marker)!r}).write_text('ran')\n"
                           "for i in range(3):\n    print('round step', i, flush=True)\n    time.sleep(0.3)\n")
     runner = RoundRunner(store, [sys.executable, str(fake_round)])
-    demo = build_app(store, NoGenerator(), runner, AppConfig(admins=("boss",), refresh_s=0.5))
+    demo = build_app(store, GenerationJob(NoGenerator()), runner, AppConfig(admins=("boss",), refresh_s=0.5))
     demo.queue()
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
@@ -197,7 +198,7 @@ def test_with_an_auth_file_people_log_in_and_are_signed_in_under_their_login(bro
     store.add_prompts(["Hello?"])
     policy = store.add_policy(0, "base")
     store.add_pairs_bulk([NewPair(1, NewGeneration(policy, "hi", 1, "eos"), NewGeneration(policy, "hey", 1, "eos"))])
-    demo = build_app(store, NoGenerator(), RoundRunner(store, [sys.executable, "-c", "pass"]),
+    demo = build_app(store, GenerationJob(NoGenerator()), RoundRunner(store, [sys.executable, "-c", "pass"]),
                      AppConfig(require_auth=True))
     demo.queue()
     port = free_port()

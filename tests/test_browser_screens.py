@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from annotate.records import NewGeneration, NewPair
-from annotate.rounds_runner import RoundRunner
+from loop.children.pair_job import GenerationJob
+from loop.children.round_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui import build_app
 from annotate.ui_session import AppConfig
@@ -33,7 +34,7 @@ def screens_app(tmp_path):
                (MARKDOWN_ANSWER, "No table."), ("five a", "five b")]
     store.add_pairs_bulk([NewPair(i, NewGeneration(policy, a, 9, "eos"), NewGeneration(policy, b, 9, "eos"))
                           for i, (a, b) in enumerate(answers, start=1)])
-    demo = build_app(store, NoGenerator(), RoundRunner(store, [sys.executable, "-c", "pass"]),
+    demo = build_app(store, GenerationJob(NoGenerator()), RoundRunner(store, [sys.executable, "-c", "pass"]),
                      AppConfig(admins=("boss",), refresh_s=0.5))
     demo.queue()
     port = free_port()

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from annotate.records import NewGeneration, NewPair
-from annotate.rounds_runner import RoundRunner
+from loop.children.pair_job import GenerationJob
+from loop.children.round_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui import build_app
 from annotate.ui_session import AppConfig
@@ -25,7 +26,7 @@ class Server:
 
     def start(self) -> None:
         self.store = Store(self.db)
-        self.demo = build_app(self.store, NoGenerator(), RoundRunner(self.store, [sys.executable, "-c", "pass"]),
+        self.demo = build_app(self.store, GenerationJob(NoGenerator()), RoundRunner(self.store, [sys.executable, "-c", "pass"]),
                               AppConfig(admins=("boss",)))
         self.demo.queue()
         self.demo.launch(server_name="127.0.0.1", server_port=self.port, prevent_thread_lock=True, quiet=True)

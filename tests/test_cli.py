@@ -48,7 +48,8 @@ def test_export_command_writes_trl_columns(tmp_path):
 
 
 def test_show_config_prints_defaults_under_the_file_the_overrides_and_the_flags(tmp_path, monkeypatch, capsys):
-    from commands.config import LoopConfig, load_config
+    from loop.config import LoopConfig
+    from loop.config_files import load_config
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "rlhf-loop.toml").write_text('[app]\ndb = "from-file.db"\n[ppo]\nkl_ctl = 0.2\n')

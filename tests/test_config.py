@@ -1,6 +1,8 @@
 import pytest
 
-from commands.config import ConfigError, LoopConfig, config_as_toml, load_config
+from loop.config import LoopConfig
+
+from loop.config_files import ConfigError, config_as_toml, load_config
 
 
 def test_defaults_are_deepspeed_chat_ppo_and_moderate_sampling():

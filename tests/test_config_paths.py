@@ -18,11 +18,11 @@ import torch
 
 import app
 import commands.data
-import commands.round
-from annotate.pairs import PairsReport
+import loop.round
+from loop.pair_report import PairsReport
 from annotate.store import Store
-from commands.config import load_config
-from rlhf.round.config import ppo_settings
+from loop.config_files import load_config
+from loop.config import ppo_settings
 
 WAYS = ("toml", "config", "set")
 
@@ -61,7 +61,7 @@ def setting_argv(way: str, directory: Path, settings: dict[str, object]) -> list
 def ws(tmp_path, monkeypatch):
     """A working directory (the current one) with a database of prompts and the files the commands read."""
     monkeypatch.chdir(tmp_path)
-    # commands.serve sets these with setdefault; set them here so they are undone after the test
+    # loop.app_server sets these with setdefault; set them here so they are undone after the test
     monkeypatch.setenv("GRADIO_ANALYTICS_CACHE_FREQUENCY", "1000")
     monkeypatch.setenv("GRADIO_ANALYTICS_MAX_EVENTS", "1000")
     prompts = tmp_path / "prompts.jsonl"
@@ -89,7 +89,7 @@ def route_train_round(monkeypatch, ws, got):
         got.update(db=str(db_path), base_model=base_model, config=config, round_kwargs=kwargs)
         return SimpleNamespace(round_id=1, policy_id=1, metrics={})
 
-    monkeypatch.setattr(commands.round, "run_round", run_round)
+    monkeypatch.setattr(loop.round, "run_round", run_round)
     return ["--train-round"]
 
 
@@ -135,8 +135,9 @@ class LoadedPolicy(torch.nn.Linear):
 
 
 def record_pair_making(monkeypatch, got):
-    """annotate.policy_pairs' entry points as recorders: the last round's pair judge, its loading, queue_pairs."""
-    import annotate.policy_pairs
+    """Pair making's entry points as recorders: the last round's pair judge, its loading, queue_pairs."""
+    import loop.pairs
+    import loop.policies
 
     def load_pair_judge(path, votes):
         got.update(judge_path=path, judge_votes=votes)  # and no judge: the pairs are drawn at random
@@ -145,10 +146,10 @@ def record_pair_making(monkeypatch, got):
         got.update(model=getattr(model, "path", model), n_pairs=n_pairs, votes=votes, sampling=kwargs.get("sampling"))
         return PairsReport(policy_id=policy_id)
 
-    monkeypatch.setattr(annotate.policy_pairs, "pair_judge_path", lambda store: "last-round-rm")
-    monkeypatch.setattr(annotate.policy_pairs, "load_pair_judge", load_pair_judge)
-    monkeypatch.setattr(annotate.policy_pairs, "queue_pairs", queue_pairs)
-    monkeypatch.setattr(annotate.policy_pairs, "load_policy_model", lambda path: (LoadedPolicy(path), None))
+    monkeypatch.setattr(loop.policies, "pair_judge_path", lambda store: "last-round-rm")
+    monkeypatch.setattr(loop.policies, "load_pair_judge", load_pair_judge)
+    monkeypatch.setattr(loop.pairs, "queue_pairs", queue_pairs)
+    monkeypatch.setattr(loop.policies, "load_policy_model", lambda path: (LoadedPolicy(path), None))
 
 
 def route_generate_pairs(monkeypatch, ws, got):
@@ -166,8 +167,8 @@ def route_simulate(monkeypatch, ws, got):
 
 
 def route_demo_loop(monkeypatch, ws, got):
-    import annotate.policy_pairs
     import annotate.simulate
+    import loop.policies
 
     record_pair_making(monkeypatch, got)
 
@@ -180,16 +181,16 @@ def route_demo_loop(monkeypatch, ws, got):
         got.update(n_votes=n_votes, annotator=annotator)
         return SimpleNamespace(votes=n_votes, choices={}, queue_empty=False)
 
-    monkeypatch.setattr(annotate.policy_pairs, "policy_answers", policy_answers)
+    monkeypatch.setattr(loop.policies, "policy_answers", policy_answers)
     monkeypatch.setattr(annotate.simulate, "simulate_votes", simulate_votes)
-    route_train_round(monkeypatch, ws, got)  # the demo's rounds: run_round of commands.round
+    route_train_round(monkeypatch, ws, got)  # the demo's rounds: run_round of loop.round
     return ["--demo-loop", "--rounds", "1", "--eval-prompts", "2"]
 
 
 def route_serve(monkeypatch, ws, got):
     """`python app.py`: the app's configuration (AppConfig), its round runner and pair generator, and the file of
     settings it writes for its children."""
-    import commands.serve
+    import loop.app_server
     from annotate.ui_session import AppConfig
 
     class Demo:
@@ -211,27 +212,27 @@ def route_serve(monkeypatch, ws, got):
         def __init__(self, command, cwd=None, **kwargs):
             got["pair_command"] = command
 
-    real_write = commands.serve.write_child_config
+    real_write = loop.app_server.write_child_config
 
     def write_child_config(config):
         got["serve_config"] = config
         got["child_config_file"] = real_write(config)
         return got["child_config_file"]
 
-    monkeypatch.setattr(commands.serve, "build_app", build_app)
-    monkeypatch.setattr(commands.serve, "RoundRunner", RoundRunner)
-    monkeypatch.setattr(commands.serve, "ChildProcessPairGenerator", ChildProcessPairGenerator)
-    monkeypatch.setattr(commands.serve, "write_child_config", write_child_config)
+    monkeypatch.setattr(loop.app_server, "build_app", build_app)
+    monkeypatch.setattr(loop.app_server, "RoundRunner", RoundRunner)
+    monkeypatch.setattr(loop.app_server, "ChildProcessPairGenerator", ChildProcessPairGenerator)
+    monkeypatch.setattr(loop.app_server, "write_child_config", write_child_config)
     return ["--serve"]
 
 
 def run_child(monkeypatch, ws, got, child_argv: list[str], route) -> dict:
     """Check that a child command of the app is `python app.py ... --config <the file the app wrote>` and that the file
     holds the app's configuration; then run the child here, as the app would, with `route`'s recorders."""
-    import commands.serve
+    import loop.app_server
 
     path = got["child_config_file"]
-    assert child_argv[:2] == [sys.executable, str(commands.serve.APP_PATH)], child_argv
+    assert child_argv[:2] == [sys.executable, str(loop.app_server.APP_PATH)], child_argv
     assert "--config" in child_argv, f"the app's child does not read the app's configuration: {child_argv}"
     assert child_argv[child_argv.index("--config") + 1] == str(path)
     assert path == Path(f"{ws.db}.serve.toml") and path.is_file()

@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch
 
-from annotate.generation_job import GenerationJob, duration_text
-from annotate.policy_pairs import chunk_sizes, make_pairs
+from loop.children.pair_job import GenerationJob, duration_text
+from loop.pairs import chunk_sizes, make_pairs
 from annotate.store import Store
 from rlhf.generate import AnswerSampling, generate_answers
 from rlhf.models import load_causal_lm
@@ -204,17 +204,17 @@ def test_before_the_first_pair_the_status_bounds_the_wait_by_the_batchs_pace():
 
 
 def test_the_child_prints_the_batchs_pace_about_once_a_second(capsys):
-    from commands.pairs import StepPrinter
+    from loop.children.pair_child import ChildLines
 
     now = [0.0]
-    printer = StepPrinter(clock=lambda: now[0])
+    printer = ChildLines(clock=lambda: now[0])
     for step in range(1, 40):  # 0.125 s a step
         now[0] = step / 8
-        printer(step, 512)
-    printer(1, 512)  # the next batch starts, 0.5 s a step
+        printer.step(step, 512)
+    printer.step(1, 512)  # the next batch starts, 0.5 s a step
     for step in range(2, 5):
         now[0] += 0.5
-        printer(step, 512)
+        printer.step(step, 512)
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert [(word, int(step), int(most)) for word, step, most, _ in lines] == \
         [("pairs-step", step, 512) for step in (2, 10, 18, 26, 34, 2, 4)]

@@ -1,14 +1,14 @@
 """Rules of the import graph, read from the source with `ast` (nothing is imported to check them).
 
-- no circles among the project's modules (app, commands.*, annotate.*, rlhf.*); a package's __init__ importing its
-  own submodules (or they it) is not a circle;
-- nothing imports `app`;
-- `annotate.*` never imports rlhf, commands, torch, transformers, accelerate or peft, except
-  `annotate.policy_pairs`, the one module that asks a policy for answers;
-- `rlhf.*` never imports commands or annotate, except `rlhf.round.*`, which may use `annotate.store` and
-  `annotate.policy_pairs`;
+- no circles among the project's modules (app, commands.*, loop.*, annotate.*, rlhf.*); a package's __init__
+  importing its own submodules (or they it) is not a circle;
+- nothing imports `app`; imports go app.py -> commands -> loop -> annotate, rlhf:
+- `annotate.*` (people and data) never imports rlhf, loop, commands, a model library (torch, transformers,
+  accelerate, peft) or a process library (subprocess, multiprocessing);
+- `rlhf.*` (training) never imports annotate, loop or commands;
+- `loop.*` never imports commands;
 - no private helper (`_name`) is imported from another module;
-- no file of app.py, commands/, annotate/, rlhf/ is over MAX_LINES lines.
+- no file of app.py, commands/, loop/, annotate/, rlhf/ is over MAX_LINES lines.
 Each failure names the importing module, its file and line, and what it imports.
 """
 
@@ -24,12 +24,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("commands", "annotate", "rlhf")
+PACKAGES = ("commands", "loop", "annotate", "rlhf")
 MAX_LINES = 420
 MODEL_LIBRARIES = ("torch", "transformers", "accelerate", "peft")
-ANNOTATE_MAY_LOAD_MODELS = {"annotate.policy_pairs"}
-ROUND_MAY_IMPORT = ("annotate.store", "annotate.policy_pairs")
-DYNAMIC_TARGET = re.compile(r"^((?:app|commands|annotate|rlhf)(?:\.\w+)*):\w+$")
+PROCESS_LIBRARIES = ("subprocess", "multiprocessing")
+NOT_IMPORTED_BY = {
+    "annotate": ("rlhf", "loop", "commands", *MODEL_LIBRARIES, *PROCESS_LIBRARIES),
+    "rlhf": ("annotate", "loop", "commands"),
+    "loop": ("commands",),
+}
+"""Package -> the top-level modules it must never import."""
+DYNAMIC_TARGET = re.compile(r"^((?:app|commands|loop|annotate|rlhf)(?:\.\w+)*):\w+$")
 """A "module:function" string (app.py's command table), which app.py imports with importlib."""
 
 
@@ -181,25 +186,12 @@ def _top(module: str) -> str:
     return module.split(".")[0]
 
 
-def _within(module: str, prefixes) -> bool:
-    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
-
-
 def layer_violations(root: Path) -> list[str]:
     problems = []
     for imp in all_imports(root):
-        imported = {imp.module} | {f"{imp.module}.{name}" for name in imp.names}
-        if _top(imp.importer) == "annotate" and imp.importer not in ANNOTATE_MAY_LOAD_MODELS:
-            if _top(imp.module) in ("rlhf", "commands", *MODEL_LIBRARIES):
-                problems.append(f"{imp.where()} -- annotate/ must not import rlhf, commands or model libraries "
-                                f"(only {', '.join(sorted(ANNOTATE_MAY_LOAD_MODELS))} asks a policy for answers)")
-        elif _top(imp.importer) == "rlhf" and _top(imp.module) in ("commands", "annotate"):
-            allowed = _within(imp.importer, ["rlhf.round"]) and \
-                (_within(imp.module, ROUND_MAY_IMPORT) or
-                 (imp.module == "annotate" and all(_within(m, ROUND_MAY_IMPORT) for m in imported - {"annotate"})))
-            if not allowed:
-                problems.append(f"{imp.where()} -- rlhf/ must not import commands or annotate (only rlhf.round.* "
-                                f"may use {' and '.join(ROUND_MAY_IMPORT)})")
+        refused = NOT_IMPORTED_BY.get(_top(imp.importer), ())
+        if _top(imp.module) in refused:
+            problems.append(f"{imp.where()} -- {_top(imp.importer)}/ must not import {', '.join(refused)}")
     return problems
 
 
@@ -228,11 +220,12 @@ def all_violations(root: Path) -> list[str]:
 
 def test_the_checker_sees_the_project():
     files = project_files(REPO)
-    assert {"app", "commands.config", "annotate.store", "annotate.policy_pairs", "rlhf.round.run"} <= set(files)
+    assert {"app", "commands.flags", "loop.round", "loop.children.pair_job", "annotate.store", "rlhf.models"} \
+        <= set(files)
     graph = import_graph(REPO)
-    assert "commands.config" in graph["commands.flags"]
+    assert "loop.config_files" in graph["commands.flags"]
     assert "commands.serve" in graph["app"]  # through app.py's "module:function" command table
-    assert "annotate.store" in graph["rlhf.round.run"]
+    assert "annotate.store" in graph["loop.round"]
 
 
 def test_no_import_circles():
@@ -245,7 +238,7 @@ def test_nothing_imports_app():
     assert not problems, "\n".join(problems)
 
 
-def test_annotate_and_rlhf_keep_to_their_layers():
+def test_each_layer_imports_only_the_layers_below_it():
     problems = layer_violations(REPO)
     assert not problems, "\n".join(problems)
 
@@ -262,8 +255,9 @@ def test_no_file_is_over_the_line_limit():
 
 def test_the_app_server_modules_do_not_import_torch():
     """The annotation server never loads a model; importing its modules must not pull torch in either."""
-    code = ("import annotate.store, annotate.ui, annotate.serve, annotate.generation_job, annotate.pairs, "
-            "commands.serve; import sys; print('torch' in sys.modules)")
+    code = ("import annotate.store, annotate.ui, annotate.serve, loop.children, loop.children.pair_job, "
+            "loop.children.pair_child, loop.children.round_runner, loop.app_server, commands.serve; import sys; "
+            "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr
@@ -284,16 +278,15 @@ def _write(root: Path, files: dict[str, str]) -> None:
 GOOD_TREE = {
     "app.py": 'COMMANDS = [("--x", "commands.work:run")]\n',
     "commands/__init__.py": "",
-    "commands/work.py": "from annotate.store import Store\nfrom rlhf.models import load\n",
+    "commands/work.py": "from loop.round import run\n\ndef f():\n    from annotate.store import Store\n",
+    "loop/__init__.py": "",
+    "loop/round.py": "import subprocess\nfrom annotate.store import Store\n\ndef run():\n    from rlhf.models import load\n",
     "annotate/__init__.py": "",
     "annotate/store/__init__.py": "from annotate.store.core import Store\n",
-    "annotate/store/core.py": "from annotate.store import sql\n",
+    "annotate/store/core.py": "from annotate.store import sql\nimport threading\n",
     "annotate/store/sql.py": "",
-    "annotate/policy_pairs.py": "import torch\nfrom rlhf.models import load\n",
     "rlhf/__init__.py": "",
     "rlhf/models.py": "import torch\nimport transformers\n",
-    "rlhf/round/__init__.py": "",
-    "rlhf/round/run.py": "from annotate.store import Store\n\ndef f():\n    from annotate.policy_pairs import x\n",
 }
 
 
@@ -308,12 +301,12 @@ def test_the_checker_passes_a_good_tree(tmp_path):
     ({"annotate/bad.py": "def f():\n    import torch\n"}, "annotate.bad (annotate/bad.py:2): import torch"),
     ({"annotate/bad.py": "from commands import work\n"}, "annotate.bad (annotate/bad.py:1): from commands import work"),
     ({"annotate/bad.py": "from peft import LoraConfig\n"}, "annotate.bad (annotate/bad.py:1): from peft"),
+    ({"annotate/bad.py": "import subprocess\n"}, "annotate.bad (annotate/bad.py:1): import subprocess"),
+    ({"annotate/bad.py": "from loop.round import run\n"}, "annotate.bad (annotate/bad.py:1): from loop.round"),
     ({"rlhf/bad.py": "from annotate.store import Store\n"}, "rlhf.bad (rlhf/bad.py:1): from annotate.store"),
-    ({"rlhf/round/bad.py": "from annotate.ui import build_app\n"},
-     "rlhf.round.bad (rlhf/round/bad.py:1): from annotate.ui import build_app"),
-    ({"rlhf/round/bad.py": "from annotate import ui\n"},
-     "rlhf.round.bad (rlhf/round/bad.py:1): from annotate import ui"),
+    ({"rlhf/bad.py": "def f():\n    from loop import round\n"}, "rlhf.bad (rlhf/bad.py:2): from loop import round"),
     ({"rlhf/bad.py": "import commands.work\n"}, "rlhf.bad (rlhf/bad.py:1): import commands.work"),
+    ({"loop/bad.py": "from commands.work import f\n"}, "loop.bad (loop/bad.py:1): from commands.work import f"),
     ({"rlhf/bad.py": "import app\n"}, "rlhf.bad (rlhf/bad.py:1): import app -- nothing may import app"),
     ({"commands/bad.py": "from annotate.store.core import _helper\n"},
      "commands.bad (commands/bad.py:1): from annotate.store.core import _helper -- imports the private helper"),

@@ -203,7 +203,9 @@ def test_log_probs_recorded_while_sampling_equal_the_trainers(narrow_model_dir, 
         log_probs, _, entropy = trainer.trainable_forward(sequences, attention_mask, width)
         reference = trainer.reference_log_probs(sequences, attention_mask, width)
     real = action_mask.bool()
-    assert (log_probs - sampled_from)[real].abs().max().item() < 1e-5
+    # fp32 rounding of the cached decoding against the full pass, on logits this sharp (x12): up to 3.3e-5 measured on
+    # an AVX2 CPU (under 1e-5 with AVX512); any other distribution is off by more than 1e-3 (the teeth below)
+    assert (log_probs - sampled_from)[real].abs().max().item() < 1e-4
     assert torch.allclose(reference, log_probs, atol=1e-6)  # actor == reference: no KL
     assert torch.isfinite(log_probs).all() and torch.isfinite(entropy).all()  # padding after EOS too
     # the case has teeth: the log-probs the trainer took before (softmax(logits / T) alone) are of another distribution

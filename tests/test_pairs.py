@@ -3,8 +3,8 @@
 import pytest
 
 import app
-from annotate.pairs import PairsReport, earlier_policy, usable
-from annotate.policy_pairs import make_pairs
+from loop.pair_report import PairsReport, earlier_policy, usable
+from loop.pairs import make_pairs
 from annotate.store import Store
 from rlhf.generate import Answer, AnswerSampling
 from rlhf.models import build_tiny_model

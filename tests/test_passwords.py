@@ -159,20 +159,21 @@ def test_the_checker_refuses_even_the_right_password_while_a_name_or_an_address_
 
 
 def test_gradio_login_over_http_backs_off_by_name_and_sees_the_client_address(tmp_path):
-    # The real login route of a launched app, with the middleware commands.serve adds: Gradio gives the auth function
+    # The real login route of a launched app, with the middleware loop.app_server adds: Gradio gives the auth function
     # no request, so the address comes from ClientAddressMiddleware.
     import httpx
     from starlette.middleware import Middleware
 
     from annotate.passwords import ClientAddressMiddleware
-    from annotate.rounds_runner import RoundRunner
+    from loop.children.pair_job import GenerationJob
+    from loop.children.round_runner import RoundRunner
     from annotate.ui import build_app
     from annotate.ui_session import AppConfig
     from tests.test_browser import NoGenerator, free_port
 
     by_name, by_address = LoginThrottle(free_failures=5), LoginThrottle(free_failures=20)
     store = Store(":memory:")
-    demo = build_app(store, NoGenerator(), RoundRunner(store, [sys.executable, "-c", "pass"]),
+    demo = build_app(store, GenerationJob(NoGenerator()), RoundRunner(store, [sys.executable, "-c", "pass"]),
                      AppConfig(require_auth=True))
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,

@@ -472,7 +472,7 @@ def test_command_reads_prompts_from_the_store(tiny_model_dir, reward_model_dir, 
 
 
 def test_command_trains_as_the_round_would_on_that_reward_model(reward_model_dir, tmp_path, capsys, monkeypatch):
-    """--train-ppo takes [ppo] through rlhf.round.config.ppo_settings: a head reward model gets normalised scores and
+    """--train-ppo takes [ppo] through loop.config.ppo_settings: a head reward model gets normalised scores and
     GAE lambda 1 as in the round; the flags set [ppo] (--seed is the simulated annotators', not PPO's)."""
     import json
     import shutil

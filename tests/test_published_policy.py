@@ -12,12 +12,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from annotate.store import Store
-from commands.config import load_config
+from loop.config_files import load_config
 from rlhf.ppo.config import PPOConfig
 from rlhf.ppo.model_card import model_card
 from rlhf.ppo.train import train_ppo
 from rlhf.reward.model import RewardModel
-from rlhf.round.run import RoundPlan, _ppo_stage
+from loop.round_plan import RoundPlan
+from loop.round import _ppo_stage
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -169,7 +169,7 @@ def test_mean_pooling_averages_the_answer_tokens_only(tiny_model_dir):
 
 
 def test_wilson_interval_matches_the_hand_computation():
-    from rlhf.reward.strategies import wilson_interval
+    from annotate.statistics import wilson_interval
 
     # 15 of 20, z = 1.96: centre (0.75 + 1.96^2 / 40) / (1 + 1.96^2 / 20) = 0.8460 / 1.1921 = 0.7097;
     # half-width 1.96 * sqrt(0.75 * 0.25 / 20 + 1.96^2 / 1600) / 1.1921 = 1.96 * 0.10856 / 1.1921 = 0.1785
@@ -179,7 +179,7 @@ def test_wilson_interval_matches_the_hand_computation():
 
 
 def test_votes_to_beat_chance_grows_as_accuracy_nears_one_half():
-    from rlhf.reward.strategies import votes_to_beat_chance, wilson_interval
+    from annotate.statistics import votes_to_beat_chance, wilson_interval
 
     assert votes_to_beat_chance(0.5, 0.2) is None
     at_75, at_60 = votes_to_beat_chance(0.75, 0.2), votes_to_beat_chance(0.6, 0.2)
@@ -202,8 +202,8 @@ def test_auto_strategy_follows_the_vote_count():
 def test_round_refuses_ppo_when_the_interval_reaches_chance_and_says_how_many_votes_more():
     from types import SimpleNamespace
 
-    from commands.config import load_config
-    from rlhf.round.checks import RoundRefused, check_accuracy
+    from loop.config_files import load_config
+    from loop.checks import RoundRefused, check_accuracy
 
     config = load_config(None, ["round.min_accuracy=0.55", "reward.heldout_fraction=0.2"])
     plan = SimpleNamespace(round_id=1, preferences=[None] * 40)
@@ -232,8 +232,8 @@ def test_round_refuses_ppo_on_a_reward_model_no_random_sample_pair_measured():
     """Before, no held-out accuracy (nothing held out) let PPO run on an unmeasured model without a word."""
     from types import SimpleNamespace
 
-    from commands.config import load_config
-    from rlhf.round.checks import RoundRefused, check_accuracy
+    from loop.config_files import load_config
+    from loop.checks import RoundRefused, check_accuracy
 
     plan = SimpleNamespace(round_id=3, preferences=[None] * 40)
     recorded, logged = {}, []

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 import app
-from annotate.policy_pairs import make_pairs
+from loop.pairs import make_pairs
 from annotate.simulate import resolve_judge, simulate_votes
 from annotate.store import Store
-from commands.config import load_config
+from loop.config_files import load_config
 from rlhf.generate import AnswerSampling
-from rlhf.round.run import RoundLock, run_round
+from loop.round_lock import RoundLock
+from loop.round import run_round
 
 PROMPTS = [f"Tell me something about the number {i}." for i in range(24)]
 
@@ -101,7 +102,7 @@ def test_ppo_on_a_head_reward_model_normalises_scores_and_takes_lambda_one_unles
     import json
 
     from rlhf.reward.strategies import STRATEGY_FILE
-    from rlhf.round.config import ppo_settings
+    from loop.config import ppo_settings
 
     if strategy is not None:  # None: a folder from --train-reward, without the strategy file
         (tmp_path / STRATEGY_FILE).write_text(json.dumps({"strategy": strategy}))
@@ -113,7 +114,7 @@ def test_ppo_on_a_head_reward_model_normalises_scores_and_takes_lambda_one_unles
 
 
 def test_ppo_seed_follows_round_seed_and_the_round_while_train_ppo_keeps_its_own(tmp_path):
-    from rlhf.round.config import ppo_settings
+    from loop.config import ppo_settings
 
     config = load_config(None, ["round.seed=7", "ppo.seed=42"])
     assert [ppo_settings(config, str(tmp_path), round_id).seed for round_id in (1, 2, 3)] == [8, 9, 10]
@@ -122,7 +123,7 @@ def test_ppo_seed_follows_round_seed_and_the_round_while_train_ppo_keeps_its_own
 
 
 def test_a_reward_function_takes_the_rounds_settings_with_its_scores_normalised(tmp_path):
-    from rlhf.round.config import function_ppo_settings, ppo_settings
+    from loop.config import function_ppo_settings, ppo_settings
 
     config = load_config(None, ["round.adapt_ppo_to_head=false", "ppo.lam=0.9", "ppo.kl_ctl=0.07"])
     settings = ppo_settings(config, str(tmp_path), round_id=2)
@@ -162,7 +163,7 @@ def test_a_round_rewarded_by_a_function_and_its_ceiling_beside_it(tmp_path, tiny
 
 def test_the_round_plan_carries_each_preferences_source_and_strength(tiny_model_dir):
     from annotate.records import NewGeneration, NewPair
-    from rlhf.round.run import plan_round
+    from loop.round_plan import plan_round
 
     store = Store(":memory:")
     store.add_prompts(["q1", "q2", "q3", "q4"], source="test")
@@ -269,7 +270,7 @@ def test_one_small_round_of_the_default_model_completes(tmp_path):
 def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_model_dir, capsys, monkeypatch):
     import json
 
-    import annotate.policy_pairs
+    import loop.policies
     import annotate.simulate
 
     vote_seeds = []
@@ -284,13 +285,13 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
 
     monkeypatch.setattr(annotate.simulate, "simulate_votes", recording_simulate_votes)
     judged_prompts = []
-    answers_of = annotate.policy_pairs.policy_answers
+    answers_of = loop.policies.policy_answers
 
     def recording_policy_answers(policy_path, prompts, sampling, per_prompt):
         judged_prompts.append((policy_path, list(prompts)))
         return answers_of(policy_path, prompts, sampling, per_prompt)
 
-    monkeypatch.setattr(annotate.policy_pairs, "policy_answers", recording_policy_answers)
+    monkeypatch.setattr(loop.policies, "policy_answers", recording_policy_answers)
     db = tmp_path / "demo.db"
     settings = [arg for setting in tiny_settings(tmp_path) for arg in ("--set", setting)]
     code = app.main(["--demo-loop", "--rounds", "2", "--annotator", "longer", "--votes", "8", "--eval-prompts", "4",
@@ -362,7 +363,7 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
 
 def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
     from annotate.simulate import longer
-    from commands.round import head_to_head
+    from loop.judging import head_to_head
 
     prompts = ["p1", "p2", "p3", "p4", "p5"]
     new = ["a long answer", "a long answer", "same", "x", "longer one"]
@@ -375,7 +376,7 @@ def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
 
 
 def test_mean_standard_error_and_win_rate_interval_worked_by_hand():
-    from commands.round import mean_and_standard_error, win_rate_interval
+    from annotate.statistics import mean_and_standard_error, win_rate_interval
 
     scores = [1, 1, 1, 0.5, 0]  # 3 wins, a tie, a loss
     # mean 0.7; squared deviations 3 * 0.09 + 0.04 + 0.49 = 0.8; variance 0.8 / 4 = 0.2; error sqrt(0.2 / 5) = 0.2
@@ -397,7 +398,7 @@ def test_mean_standard_error_and_win_rate_interval_worked_by_hand():
 
 def test_mean_score_averages_the_rules_score_and_is_none_for_a_verdict_only_annotator():
     from annotate.simulate import resolve_score
-    from commands.round import mean_score
+    from loop.judging import mean_score
 
     answers = ["Thank you, I hope this helps", "plain words here", "please"]
     # courtesy shares: thank + hope of 6 words = 1/3, 0 of 3, 1 of 1 -> mean (1/3 + 0 + 1) / 3 = 4/9
@@ -438,13 +439,13 @@ def test_demo_loop_fills_its_queue_past_one_pair_a_prompt(tmp_path, tiny_model_d
     (on the least-used prompts), so a round gets the votes it was asked for; none on the evaluation prompt."""
     from collections import Counter
 
-    import commands.round
-    from rlhf.round.checks import RoundRefused
+    import loop.round
+    from loop.checks import RoundRefused
 
     def refuse(*args, **kwargs):
         raise RoundRefused("stop after the votes")
 
-    monkeypatch.setattr(commands.round, "run_round", refuse)
+    monkeypatch.setattr(loop.round, "run_round", refuse)
     db = tmp_path / "demo.db"
     store = Store(db)
     store.add_prompts(PROMPTS[:5], source="test")

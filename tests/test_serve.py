@@ -9,10 +9,10 @@ import pytest
 import app
 from annotate.passwords import AuthFileError, password_checker, read_auth_file
 from annotate.serve import ServeError, check_exposure, is_local_host, seed_prompts
-from annotate.generation_job import ChildProcessPairGenerator
+from loop.children.pair_child import ChildProcessPairGenerator
 from annotate.store import Store
-from commands.config import load_config
-from commands.serve import child_command, write_child_config
+from loop.config_files import load_config
+from loop.app_server import child_command, write_child_config
 
 
 def test_local_hosts():
@@ -108,7 +108,7 @@ def test_the_apps_status_shows_what_the_pair_child_says_it_does(tmp_path):
     # The child's `pairs-stage`, `pairs-step` and `pairs-answers` lines reach the status line of the pages.
     import time
 
-    from annotate.generation_job import GenerationJob
+    from loop.children.pair_job import GenerationJob
 
     child, go_on = tmp_path / "child.py", tmp_path / "go-on"
     child.write_text("import os, sys, time\n"

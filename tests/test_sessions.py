@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from annotate.generation_job import GenerationJob
+from loop.children.pair_job import GenerationJob
 from annotate.identity import SessionTokens
 from annotate.store import Store
 from annotate.ui import AnnotateHandlers

@@ -305,12 +305,14 @@ def test_stale_round_detection_uses_real_processes(store):
     import subprocess
     import sys
 
+    from loop.children.liveness import process_is_alive
+
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     mine = store.start_round()  # this process: alive
     gone = store.start_round(pid=child.pid)
     assert store.round(mine).pid == os.getpid()
-    assert store.mark_stale_rounds_failed() == [gone]
+    assert store.mark_stale_rounds_failed(process_is_alive) == [gone]
 
 
 def test_demonstrations(paired):

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from annotate.records import NewGeneration, NewPair
+from loop.children.liveness import process_is_alive
 from annotate.store import Store
 from annotate.store.sql import MIGRATIONS
 
@@ -61,7 +62,7 @@ def test_an_older_database_file_is_upgraded_in_place(tmp_path):
         assert [(v.annotator, v.strength) for v in store.votes()] == [("ann", None), ("bob", 2)]
         [old_round] = store.rounds()
         assert (old_round.status, old_round.metrics, old_round.pid) == ("running", {"rm/accuracy": 0.7}, None)
-        assert store.mark_stale_rounds_failed() == [1]  # no pid recorded: nobody can be running it
+        assert store.mark_stale_rounds_failed(process_is_alive) == [1]  # no pid recorded: nobody can be running it
         assert store.start_round(pid=42) == 2 and store.round(2).pid == 42
     with Store(path) as reopened:  # a second open migrates nothing and keeps everything
         assert reopened.schema_version() == len(MIGRATIONS)

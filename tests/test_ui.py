@@ -8,13 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from annotate.generation_job import GenerationJob
+from loop.children.pair_job import GenerationJob
 from annotate.records import NewGeneration, NewPair
-from annotate.rounds_runner import RoundRunner
+from loop.children.round_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui import AnnotateHandlers, build_app
 from annotate.ui_admin import AdminHandlers
-from annotate.ui_dashboard import DashboardHandlers, accuracy_text, metrics_within_round, rounds_frame, wilson_interval
+from annotate.statistics import wilson_interval
+from annotate.ui_dashboard import DashboardHandlers, accuracy_text, metrics_within_round, rounds_frame
 from annotate.ui_session import AppConfig, Session, escape, render_untrusted
 
 
@@ -173,7 +174,7 @@ def test_first_person_to_sign_in_becomes_admin_and_is_told(app_parts):
 def test_admins_named_at_start_stop_the_first_sign_in_rule():
     with Store(":memory:") as store:
         seed_pairs(store, 1)
-        build_app(store, FakeGenerator(store), idle_runner(store), AppConfig(admins=("carol",)))
+        build_app(store, GenerationJob(FakeGenerator(store)), idle_runner(store), AppConfig(admins=("carol",)))
         handlers = AnnotateHandlers(store, AppConfig(admins=("carol",)), GenerationJob(FakeGenerator(store)),
                                     idle_runner(store))
         handlers.sign_in("alice", Session())
@@ -331,7 +332,7 @@ def test_first_start_generates_a_batch_in_the_background():
     with Store(":memory:") as store:
         store.add_prompts(["a", "b", "c"])
         generator = FakeGenerator(store)
-        build_app(store, generator, idle_runner(store), AppConfig(first_batch_pairs=2))
+        build_app(store, GenerationJob(generator), idle_runner(store), AppConfig(first_batch_pairs=2))
         deadline = time.monotonic() + 10
         while store.count_pairs() < 2 and time.monotonic() < deadline:
             time.sleep(0.01)

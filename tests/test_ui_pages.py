@@ -11,7 +11,8 @@ import gradio as gr
 
 from annotate.importers import ACCEPTED_FORMATS
 from annotate.records import NewGeneration, NewPair
-from annotate.rounds_runner import RoundRunner
+from loop.children.pair_job import GenerationJob
+from loop.children.round_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui import build_app
 from annotate.ui_dashboard import NO_ROUNDS_ACROSS, NO_ROUNDS_WITHIN, DashboardHandlers
@@ -67,7 +68,7 @@ def test_the_admin_tab_is_shown_to_admins_only_and_its_handlers_still_refuse_ann
     bob, _ = signed_in(app_parts, "bob")
     assert [app_parts.admin.tab_visible(s) for s in (alice, bob, Session())] == [True, False, False]
     assert app_parts.admin.start_round(bob).startswith("Only admins can do this: bob is an annotator.")
-    demo = build_app(app_parts.store, FakeGenerator(app_parts.store), idle_runner(app_parts.store), AppConfig())
+    demo = build_app(app_parts.store, GenerationJob(FakeGenerator(app_parts.store)), idle_runner(app_parts.store), AppConfig())
     [admin_tab] = [block for block in demo.blocks.values() if isinstance(block, gr.Tab) and block.id == "admin"]
     assert admin_tab.visible is False  # until sign-in says the person is an admin
 

@@ -5,7 +5,6 @@
 """
 
 from annotate.store.core import BUSY_TIMEOUT_S, RESERVE_SECONDS, Store
-from annotate.store.rounds import process_is_alive
 from annotate.store.sql import now
 
-__all__ = ["BUSY_TIMEOUT_S", "RESERVE_SECONDS", "Store", "now", "process_is_alive"]
+__all__ = ["BUSY_TIMEOUT_S", "RESERVE_SECONDS", "Store", "now"]

@@ -1,4 +1,5 @@
-"""The rounds table: a round's status, live metrics and error, and the stale rounds of processes that died.
+"""The rounds table: a round's status, live metrics and error, and the stale rounds of processes that died (the
+caller says which processes live: the store never looks at processes).
 
 Mixed into `Store` (annotate/store/core.py), whose `_write` / `_rows` transactions these methods use.
 """
@@ -7,28 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Callable
 
 from annotate.records import Round
 from annotate.store.sql import now
-
-
-def process_is_alive(pid: int | None) -> bool:
-    """True when a process with this id runs on this machine (a zombie, dead but not yet reaped, counts as gone)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 class RoundRecords:
@@ -80,9 +63,9 @@ class RoundRecords:
         rows = self._rows("SELECT * FROM rounds WHERE status = 'done' ORDER BY id DESC LIMIT 1")
         return self._round(rows[0]) if rows else None
 
-    def mark_stale_rounds_failed(self, is_alive: Callable[[int | None], bool] | None = None) -> list[int]:
-        """Mark `running` rounds whose process is gone as failed; returns their ids."""
-        is_alive = is_alive or process_is_alive
+    def mark_stale_rounds_failed(self, is_alive: Callable[[int | None], bool]) -> list[int]:
+        """Mark `running` rounds whose process is gone (`is_alive(pid)` false: loop.children.liveness) as failed;
+        returns their ids."""
         stale = [r for r in self.rounds() if r.status == "running" and not is_alive(r.pid)]
         for stale_round in stale:
             self.fail_round(stale_round.id, f"stale: its process {stale_round.pid} ended without finishing the round")

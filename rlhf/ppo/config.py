@@ -88,7 +88,7 @@ class PPOConfig:
     """Passes over the prompts when steps is 0."""
     seed: int = 42
     """Seed of sampling, prompt order and LoRA initialisation, for --train-ppo; a round seeds its PPO with round.seed
-    plus the round's id (rlhf.round.config.ppo_settings)."""
+    plus the round's id (loop.config.ppo_settings)."""
     reuse_forward: bool = True
     """With one epoch over one mini-batch, take old log-probs/values from the update's own forward pass."""
     mixed_precision: str = "auto"

@@ -59,7 +59,7 @@ class PPOTrainer:
     the critic was initialised from the reward model, as DeepSpeed-Chat initialises it).
     reward_function: scores the decoded answers in place of the reward model (`reward_scores`); the reward model is
     then not needed. config.normalize_rewards, the clip and the truncation penalty apply to its scores as to a
-    model's: a caller whose function has its own units turns normalisation on (rlhf.round.config.function_ppo_settings).
+    model's: a caller whose function has its own units turns normalisation on (loop.config.function_ppo_settings).
     """
 
     def __init__(self, actor, critic, tokenizer, config: PPOConfig, reward_model=None, reference=None,

@@ -143,7 +143,7 @@ class VotesConfig:
 
 @dataclass
 class StrategyConfig:
-    """How a preference model is trained from votes (any strategy); rlhf.round.config.strategy_settings builds the
+    """How a preference model is trained from votes (any strategy); loop.config.strategy_settings builds the
     round's from [votes] and [reward], so no setting is declared twice."""
 
     votes: VotesConfig = field(default_factory=VotesConfig)

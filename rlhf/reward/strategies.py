@@ -19,7 +19,6 @@ below the last saves only the first L decoder layers, which is also what PPO the
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -68,30 +67,6 @@ def choose_strategy(n_votes: int, config: VotesConfig) -> str:
     if n_votes >= config.ensemble_from_votes:
         return "ensemble"
     return "lpft" if n_votes >= config.lpft_from_votes else "head"
-
-
-def wilson_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a proportion measured on n pairs ((0, 1) when n is 0).
-
-    Hand check: 15 of 20 right, z = 1.96: centre (0.75 + 0.096) / 1.192 = 0.710, half-width
-    1.96 * sqrt(0.75 * 0.25 / 20 + 0.0024) / 1.192 = 0.180 -> (0.531, 0.889).
-    """
-    if n <= 0:
-        return 0.0, 1.0
-    z2 = z * z
-    centre = (accuracy + z2 / (2 * n)) / (1 + z2 / n)
-    half = z * math.sqrt(accuracy * (1 - accuracy) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def votes_to_beat_chance(accuracy: float, heldout_fraction: float, z: float = 1.96) -> int | None:
-    """Votes in all at which a model this accurate would have an interval clear of 0.5 (None: at or below 0.5)."""
-    if accuracy <= 0.5 or heldout_fraction <= 0:
-        return None
-    n = 1
-    while wilson_interval(accuracy, n, z)[0] < 0.5:
-        n = n + max(1, n // 8)
-    return math.ceil(n / heldout_fraction)
 
 
 def parse_feature(feature: str) -> tuple[str, int]:

@@ -1,4 +1,5 @@
-"""The settings a round reads ([round], [reward], [ppo], [sampling], [votes]) and the settings derived from them.
+"""Every setting of rlhf-loop, one dataclass per section of rlhf-loop.toml (`LoopConfig`), and the settings derived
+from them; `loop.config_files` reads and writes them as TOML.
 
 Every derived setting is computed here, once, for every path that needs it: the round, `--train-ppo` and
 `--train-reward` call the same functions, so a head reward model trains the same PPO from the command line as in a
@@ -7,11 +8,15 @@ round.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from rlhf.ppo.config import PPOConfig
 from rlhf.reward.config import RewardTrainConfig, StrategyConfig, VotesConfig
 from rlhf.sampling import AnswerSampling
+from rlhf.sft.config import SFTConfig
 
 
 @dataclass
@@ -53,6 +58,104 @@ class TrainingConfig:
     sampling: AnswerSampling = field(default_factory=AnswerSampling)
     votes: VotesConfig = field(default_factory=VotesConfig)
     """Reward-model strategy by vote count and active choice of the next pairs (rlhf.reward.strategies)."""
+
+
+@dataclass
+class AppSettings:
+    """What every command works on."""
+
+    db: str = "data/rlhf-loop.db"
+    """The SQLite database of prompts, pairs, votes, policies and rounds."""
+    model: str = "default"
+    """Base model: 'default' (the embedded SmolLM2-135M-Instruct), a Hugging Face id or a local folder."""
+    overlap: int = 1
+    """How many people vote on each pair (more than 1 measures agreement)."""
+
+
+@dataclass
+class ServeSettings:
+    """The annotation app in the browser."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on; anything but this machine needs an auth file."""
+    port: int = 7860
+    """Port to listen on."""
+    share: bool = False
+    """Create a public Gradio link (needs an auth file)."""
+    auth: str | None = None
+    """Auth file of name:scrypt-hash lines (written by --add-user); required off localhost."""
+    admins: list = field(default_factory=list)
+    """Names made admin at start; when empty, the first person to sign in is admin."""
+    first_batch: int = 32
+    """Pairs generated in the background on a first start with no pairs (0: none)."""
+    auto_round_every: int = 0
+    """Start a training round after every N new votes (0: off; also set in Admin)."""
+
+    def __post_init__(self) -> None:
+        if self.first_batch < 0 or self.auto_round_every < 0:
+            raise ValueError("first_batch and auto_round_every take 0 or a positive number")
+
+
+@dataclass
+class SimulateSettings:
+    """Simulated annotators (`--simulate`, `--demo-loop`)."""
+
+    annotator: str = "polite"
+    """The demo loop's simulated annotator and judge: a built-in rule or module:function."""
+    votes: int = 50
+    """Votes to cast (per round in the demo loop)."""
+    noise: float = 0.0
+    """Share of a/b votes flipped, like disagreeing people."""
+    annotator_name: str | None = None
+    """Name the votes are cast under (default sim:RULE)."""
+    seed: int = 0
+    """Seed of the simulated votes, their flips and the demo's evaluation prompts."""
+    rounds: int = 3
+    """Rounds of the demo loop."""
+    eval_prompts: int = 64
+    """Prompts kept out of PPO on which the demo loop judges each policy: the same ones every round and every run on a
+    database (drawn with the seed)."""
+    eval_answers: int = 1
+    """Answers per evaluation prompt, each judged against the first policy's (more narrow the win rate when the
+    judge ties often)."""
+    reward: str = "model"
+    """PPO's reward in the demo loop: "model" (the reward model trained on the votes) or "oracle" (the simulated
+    annotator's own score of each answer). Only annotators with a score have an oracle; the votes are still cast and
+    the reward model still trained and measured."""
+    oracle_ceiling: bool = False
+    """After each demo round, PPO once more from the same policy with the annotator's own score as the reward, judged
+    beside it (oracle_win_rate). Same settings and seed; its policy is a folder beside the round's (ceiling-policy),
+    not a policy of the loop: the most the round's PPO could buy with a perfect reward model."""
+
+    def __post_init__(self) -> None:
+        if self.eval_answers < 1 or self.eval_prompts < 1:
+            raise ValueError(f"eval_prompts and eval_answers must be at least 1 (got {self.eval_prompts} and "
+                             f"{self.eval_answers}): the win rate needs answers to judge")
+        if self.reward not in ("model", "oracle"):
+            raise ValueError(f"reward is model or oracle, not {self.reward!r}")
+        if self.reward == "oracle" and self.oracle_ceiling:
+            raise ValueError("oracle_ceiling compares the reward model's rounds with the oracle's: it needs "
+                             "reward = \"model\" (with reward = \"oracle\" the rounds are the ceiling already)")
+        if not 0.0 <= self.noise <= 1.0:
+            raise ValueError(f"noise is a share of votes between 0 and 1, not {self.noise}")
+
+
+@dataclass
+class LoopConfig(TrainingConfig):
+    """Every knob of rlhf-loop, one dataclass per section of rlhf-loop.toml."""
+
+    app: AppSettings = field(default_factory=AppSettings)
+    serve: ServeSettings = field(default_factory=ServeSettings)
+    simulate: SimulateSettings = field(default_factory=SimulateSettings)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {section.name: _jsonable(dataclasses.asdict(getattr(self, section.name)))
+                for section in dataclasses.fields(self)}
+
+
+def _jsonable(values: dict) -> dict:
+    return json.loads(json.dumps(values, default=str))
 
 
 def ppo_settings(config: TrainingConfig, reward_model_path: str, round_id: int | None = None) -> PPOConfig:

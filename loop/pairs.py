@@ -1,4 +1,4 @@
-"""Asking a policy for answers: the one module of `annotate/` that loads models (torch, rlhf).
+"""Making the pairs people vote on from a policy's answers.
 
 One path makes the pairs people vote on, for the round, the app's pair-making process and `--generate-pairs`:
 `queue_pairs`. Once a round has trained a reward model with bootstrap heads (every strategy saves them) and
@@ -15,16 +15,16 @@ import math
 import random
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Callable
 
 from tqdm.auto import tqdm
 
-from annotate.pairs import (PairChooser, PairsProgress, PairsReport, add_report, earlier_policy,
+from loop.pair_report import (PairChooser, PairsProgress, PairsReport, add_report, earlier_policy,
                             merge_generation_stats, select_prompts, usable)
 from annotate.records import NewGeneration, NewPair, Prompt
+from loop.policies import load_policy_model, model_and_tokenizer
 from rlhf.generate import Answer, AnswerSampling, generate_answers
-from rlhf.reward.strategies import HEADS_FILE, VotesConfig
+from rlhf.reward.strategies import VotesConfig
 
 FIRST_CHUNK_PROMPTS = 2
 """Prompts in the first chunk of a batch of pairs (see `chunk_sizes`): on a 2-core CPU the first start's first pair
@@ -33,26 +33,6 @@ took 5 minutes when it waited for a whole batch of 16 answers of up to 512 token
 OPPONENT_SEED_OFFSET = 1_000_003
 """Added to the seed for the earlier policy's answers: the same draws for both would make similar policies write
 the same text, and identical pairs are dropped."""
-
-
-def load_policy_model(path: str):
-    """Model and tokenizer of a policy, on the GPU when there is one, in bf16 where the hardware has it."""
-    import torch
-
-    from rlhf.models import default_dtype, load_causal_lm, load_tokenizer
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = load_tokenizer(path)
-    model = load_causal_lm(path, dtype=default_dtype(device), tokenizer=tokenizer).to(device)
-    return model, tokenizer
-
-
-def _model_and_tokenizer(model_path_or_model, tokenizer):
-    """A loaded model as given, or the policy at a path loaded once (its tokenizer unless one is given)."""
-    if isinstance(model_path_or_model, str) or hasattr(model_path_or_model, "__fspath__"):
-        model, loaded_tokenizer = load_policy_model(str(model_path_or_model))
-        return model, tokenizer or loaded_tokenizer
-    return model_path_or_model, tokenizer
 
 
 def make_pairs(
@@ -112,7 +92,7 @@ def make_pairs(
     if not prompts:
         return report
 
-    model, tokenizer = _model_and_tokenizer(model_path_or_model, tokenizer)
+    model, tokenizer = model_and_tokenizer(model_path_or_model, tokenizer)
     if n_versus and versus_model is None:
         versus_model, _ = load_policy_model(opponent.path)
     report.versus_policy_id = opponent.id if n_versus else None
@@ -168,7 +148,7 @@ def make_active_pairs(store, model_path_or_model, tokenizer, n_pairs: int, polic
     prompts = select_prompts(store, n_prompts, "least_used", rng, exclude_prompts) if n_pairs > 0 else []
     if not prompts:
         return report
-    model, tokenizer = _model_and_tokenizer(model_path_or_model, tokenizer)
+    model, tokenizer = model_and_tokenizer(model_path_or_model, tokenizer)
     def answered(done: int, total: int) -> None:
         if progress is not None:
             progress(done // per_prompt, len(prompts))
@@ -295,28 +275,6 @@ def _stored(answer: Answer, policy_id: int) -> NewGeneration:
                         finish_reason=answer.finish_reason)
 
 
-def has_heads(path: str | None) -> bool:
-    """Whether `path` is a reward model folder with bootstrap heads (what ranks candidate pairs)."""
-    return path is not None and (Path(path) / HEADS_FILE).is_file()
-
-
-def pair_judge_path(store) -> str | None:
-    """The last finished round's reward model folder when it holds bootstrap heads; None before any round."""
-    last = store.last_done_round()
-    path = last.metrics.get("round/reward_model_path") if last is not None else None
-    return path if has_heads(path) else None
-
-
-def load_pair_judge(path: str | None, votes: VotesConfig):
-    """The TrainedPreferenceModel at `path`, whose heads' disagreement ranks candidate pairs; None when there is no
-    such model there or when votes.oversample <= 2 turns the choice off."""
-    if votes.oversample <= 2 or not has_heads(path):
-        return None
-    from rlhf.reward.strategies import TrainedPreferenceModel
-
-    return TrainedPreferenceModel.load(path)
-
-
 def queue_pairs(store, model, tokenizer, n_pairs: int, policy_id: int, votes: VotesConfig, judge=None,
                 versus_share: float = 0.0, versus_policy_id: int | None = None, versus_model=None,
                 sampling: AnswerSampling | None = None, seed: int | None = None,
@@ -329,7 +287,7 @@ def queue_pairs(store, model, tokenizer, n_pairs: int, policy_id: int, votes: Vo
     judge's disagreement. `model` is the policy's model, or a path to load it from once (tokenizer None).
     progress(pairs_done, n_pairs), answers(answers_done, answers_planned) and steps(step, max_new_tokens) as in
     `make_pairs`; no pair for a prompt in `exclude_prompts`."""
-    model, tokenizer = _model_and_tokenizer(model, tokenizer)
+    model, tokenizer = model_and_tokenizer(model, tokenizer)
     if judge is None or votes.oversample <= 2:
         return make_pairs(store, model, tokenizer, n_pairs, policy_id, versus_share=versus_share,
                           versus_policy_id=versus_policy_id, versus_model=versus_model, sampling=sampling, seed=seed,
@@ -373,8 +331,3 @@ def queue_pairs(store, model, tokenizer, n_pairs: int, policy_id: int, votes: Vo
     return report
 
 
-def policy_answers(policy_path: str, prompts: list[str], sampling: AnswerSampling, per_prompt: int) -> list[str]:
-    """`per_prompt` sampled answers to each prompt, prompt by prompt (each prompt `per_prompt` times in a row)."""
-    model, tokenizer = load_policy_model(policy_path)
-    generated = generate_answers(model, tokenizer, prompts, n_per_prompt=per_prompt, sampling=sampling)
-    return [answer.text for answers in generated.answers for answer in answers]

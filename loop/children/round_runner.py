@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from annotate.store import Store
+from loop.children.liveness import process_is_alive
 
 MAX_LOG_LINES = 2000
 
@@ -77,7 +78,7 @@ class RoundRunner:
                 return False, (f"A round is already running (started by {self._started_by}, "
                                f"process {self._process.pid}).")
             # A round whose process died (a crash, a reboot) would otherwise block every later start from here.
-            self.store.mark_stale_rounds_failed()
+            self.store.mark_stale_rounds_failed(process_is_alive)
             other = self.store.running_round()
             if other is not None:
                 return False, (f"Round {other.id} is already running (process {other.pid}, "

@@ -1,5 +1,5 @@
-"""Pairs for annotation, the store's side: which prompts get pairs next, which answers make a pair worth a vote, and
-what a batch of pair making reports. No torch here: `annotate.policy_pairs` asks a policy for the answers.
+"""Pairs for annotation, around the answers: which prompts get pairs next, which answers make a pair worth a vote, and
+what a batch of pair making reports. No torch here: `loop.pairs` asks a policy for the answers.
 
 Two kinds of pair (DESIGN "Data model"): `sample`, two answers of the current policy to one prompt (what the reward
 model learns from), and `versus`, the current policy against an earlier one on the same prompt (gen_a is always the

@@ -6,10 +6,10 @@ db = "data/rlhf-loop.db"
 [ppo]
 kl_ctl = 0.1
 ```
-Each default is written once, on its dataclass field; the command-line flags that set a field (`--rm-lr` is
-`reward.learning_rate`) take their help and default from that field (`commands.flags`). Unknown sections or keys are
-refused by name, so a typo never silently trains with a default. `app.py` builds the object once and hands it to
-the command it runs.
+Each default is written once, on its dataclass field (loop.config); the command-line flags that set a field
+(`--rm-lr` is `reward.learning_rate`) take their help and default from that field (`commands.flags`). Unknown
+sections or keys are refused by name, so a typo never silently trains with a default. `app.py` builds the object once
+and hands it to the command it runs; the app writes it back as TOML for the children it starts.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,112 +25,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from rlhf.round.config import TrainingConfig
-from rlhf.sft.config import SFTConfig
+from loop.config import LoopConfig
 
 DEFAULT_CONFIG_FILE = "rlhf-loop.toml"
 
 
 class ConfigError(ValueError):
     """A configuration file or override that cannot be applied; the message names the file, section and key."""
-
-
-@dataclass
-class AppSettings:
-    """What every command works on."""
-
-    db: str = "data/rlhf-loop.db"
-    """The SQLite database of prompts, pairs, votes, policies and rounds."""
-    model: str = "default"
-    """Base model: 'default' (the embedded SmolLM2-135M-Instruct), a Hugging Face id or a local folder."""
-    overlap: int = 1
-    """How many people vote on each pair (more than 1 measures agreement)."""
-
-
-@dataclass
-class ServeSettings:
-    """The annotation app in the browser."""
-
-    host: str = "127.0.0.1"
-    """Address to listen on; anything but this machine needs an auth file."""
-    port: int = 7860
-    """Port to listen on."""
-    share: bool = False
-    """Create a public Gradio link (needs an auth file)."""
-    auth: str | None = None
-    """Auth file of name:scrypt-hash lines (written by --add-user); required off localhost."""
-    admins: list = field(default_factory=list)
-    """Names made admin at start; when empty, the first person to sign in is admin."""
-    first_batch: int = 32
-    """Pairs generated in the background on a first start with no pairs (0: none)."""
-    auto_round_every: int = 0
-    """Start a training round after every N new votes (0: off; also set in Admin)."""
-
-    def __post_init__(self) -> None:
-        if self.first_batch < 0 or self.auto_round_every < 0:
-            raise ValueError("first_batch and auto_round_every take 0 or a positive number")
-
-
-@dataclass
-class SimulateSettings:
-    """Simulated annotators (`--simulate`, `--demo-loop`)."""
-
-    annotator: str = "polite"
-    """The demo loop's simulated annotator and judge: a built-in rule or module:function."""
-    votes: int = 50
-    """Votes to cast (per round in the demo loop)."""
-    noise: float = 0.0
-    """Share of a/b votes flipped, like disagreeing people."""
-    annotator_name: str | None = None
-    """Name the votes are cast under (default sim:RULE)."""
-    seed: int = 0
-    """Seed of the simulated votes, their flips and the demo's evaluation prompts."""
-    rounds: int = 3
-    """Rounds of the demo loop."""
-    eval_prompts: int = 64
-    """Prompts kept out of PPO on which the demo loop judges each policy: the same ones every round and every run on a
-    database (drawn with the seed)."""
-    eval_answers: int = 1
-    """Answers per evaluation prompt, each judged against the first policy's (more narrow the win rate when the
-    judge ties often)."""
-    reward: str = "model"
-    """PPO's reward in the demo loop: "model" (the reward model trained on the votes) or "oracle" (the simulated
-    annotator's own score of each answer). Only annotators with a score have an oracle; the votes are still cast and
-    the reward model still trained and measured."""
-    oracle_ceiling: bool = False
-    """After each demo round, PPO once more from the same policy with the annotator's own score as the reward, judged
-    beside it (oracle_win_rate). Same settings and seed; its policy is a folder beside the round's (ceiling-policy),
-    not a policy of the loop: the most the round's PPO could buy with a perfect reward model."""
-
-    def __post_init__(self) -> None:
-        if self.eval_answers < 1 or self.eval_prompts < 1:
-            raise ValueError(f"eval_prompts and eval_answers must be at least 1 (got {self.eval_prompts} and "
-                             f"{self.eval_answers}): the win rate needs answers to judge")
-        if self.reward not in ("model", "oracle"):
-            raise ValueError(f"reward is model or oracle, not {self.reward!r}")
-        if self.reward == "oracle" and self.oracle_ceiling:
-            raise ValueError("oracle_ceiling compares the reward model's rounds with the oracle's: it needs "
-                             "reward = \"model\" (with reward = \"oracle\" the rounds are the ceiling already)")
-        if not 0.0 <= self.noise <= 1.0:
-            raise ValueError(f"noise is a share of votes between 0 and 1, not {self.noise}")
-
-
-@dataclass
-class LoopConfig(TrainingConfig):
-    """Every knob of rlhf-loop, one dataclass per section of rlhf-loop.toml."""
-
-    app: AppSettings = field(default_factory=AppSettings)
-    serve: ServeSettings = field(default_factory=ServeSettings)
-    simulate: SimulateSettings = field(default_factory=SimulateSettings)
-    sft: SFTConfig = field(default_factory=SFTConfig)
-
-    def as_dict(self) -> dict[str, dict[str, Any]]:
-        return {section.name: _jsonable(dataclasses.asdict(getattr(self, section.name)))
-                for section in dataclasses.fields(self)}
-
-
-def _jsonable(values: dict) -> dict:
-    return json.loads(json.dumps(values, default=str))
 
 
 UNSET_WORDS = ("none", "None", "null")

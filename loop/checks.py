@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from annotate.statistics import votes_to_beat_chance, wilson_interval
+
 CURVE_VOTES_FOR_TARGET = 200
 """bench/reward_curve.py (25% flips, 232 prompts x 8 answers of the default model, 10 splits): the default head
 (answer-mean of layer 2, "mean@2") reached 72% held-out accuracy at 200 votes for the courteous annotator and 63% for
@@ -30,8 +32,6 @@ def check_accuracy(metrics: dict, plan, config, record: Callable[[dict], None], 
     `plan` the round's (its round_id and preferences), `config` the TrainingConfig. round.min_accuracy = 0 turns
     every refusal off.
     """
-    from rlhf.reward.strategies import votes_to_beat_chance, wilson_interval
-
     accuracy, n_sample = metrics.get("rm/heldout_accuracy"), int(metrics.get("rm/n_heldout_sample", 0))
     z = config.votes.confidence_z
     low, high = wilson_interval(accuracy, n_sample, z) if accuracy is not None else (0.0, 1.0)
@@ -70,3 +70,18 @@ def check_accuracy(metrics: dict, plan, config, record: Callable[[dict], None], 
             f"{config.round.min_accuracy:.0%}: PPO on it would chase noise. {more}. Collect more votes, or lower "
             "round.min_accuracy (0 turns this off)."
         )
+
+
+def context_misfit(config) -> str | None:
+    """Why the model cannot run a round with these settings (its context too short for them), or None: checked before
+    anything is read, trained or written."""
+    from rlhf.models import ModelNotFoundError, check_context
+
+    try:
+        check_context(config.app.model,
+                      {"[sampling] max_new_tokens": config.sampling.max_new_tokens,
+                       "[ppo] max_new_tokens": config.ppo.max_new_tokens},
+                      {"[reward] max_length": config.reward.max_length})
+    except ModelNotFoundError as error:
+        return str(error)
+    return None

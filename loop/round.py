@@ -11,98 +11,21 @@ crashed round is marked `failed` by the next start, which picks up what the cras
 
 from __future__ import annotations
 
-import fcntl
 import os
-import random
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from annotate.store import Store
-from rlhf.ppo.config import RewardFunction
+from loop.checks import RoundRefused, check_accuracy
+from loop.config import TrainingConfig, function_ppo_settings, ppo_settings, strategy_settings
+from loop.round_lock import RoundBusy, RoundLock
+from loop.round_plan import Log, RoundPlan, plan_round
 from rlhf.distributed import broadcast_from_main, is_main_process, wait_for_everyone
-from rlhf.round.checks import RoundRefused, check_accuracy
-from rlhf.round.config import (
-    TrainingConfig,
-    function_ppo_settings,
-    ppo_settings,
-    strategy_settings,
-)
+from rlhf.ppo.config import RewardFunction
 
-Log = Callable[[str], None]
-
-
-class RoundBusy(RoundRefused):
-    """Another round holds the lock."""
-
-
-class RoundLock:
-    """An exclusive lock file beside the database: one round at a time across processes, freed when a process dies."""
-
-    def __init__(self, db_path: str | Path):
-        self.path = Path(f"{db_path}.round.lock")
-        self._file = None
-
-    def acquire(self) -> "RoundLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            raise RoundBusy(f"Another round is running on this database (lock {self.path}); "
-                            "wait for it to finish: two rounds never run at once.") from None
-        handle.truncate(0)
-        handle.write(str(os.getpid()))
-        handle.flush()
-        self._file = handle
-        return self
-
-    def release(self) -> None:
-        if self._file is not None:
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
-
-    def __enter__(self) -> "RoundLock":
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-@dataclass
-class RoundPlan:
-    """What the main process decided; broadcast to every process so all train the same thing."""
-
-    round_id: int
-    """Row of this round in the rounds table."""
-    policy_round: int
-    """Round number the new policy is recorded under (last policy's + 1)."""
-    preferences: list[tuple[str, str, str, str, float]]
-    """(prompt, chosen, rejected, source, strength) of every pair with a majority among a/b votes, all rounds; source is
-    "sample", "versus" or "chosen" (rlhf.reward.data.PAIR_SOURCES: held-out accuracy is reported by source);
-    strength 1 (slightly better) to 2 (much), the mean of the majority's graded votes."""
-    new_pairs: int
-    """Preference pairs that arrived since the last finished round."""
-    reference_path: str
-    """The first policy (base or SFT): PPO's frozen reference, and the reward model's init on round one."""
-    actor_path: str
-    """The latest policy: PPO starts from it."""
-    actor_policy_id: int
-    """Its row in the policies table (parent of the new policy)."""
-    reward_warm_start: str | None
-    """The last finished round's reward model, continued from; None trains from the reference."""
-    ppo_prompts: list[str]
-    """Prompts PPO trains on this round."""
-    out_dir: str
-    """Folder of this round's checkpoints."""
-    reuse_reward_path: str | None = None
-    """A reward model a crashed round finished on the same votes: not trained again."""
-    reuse_policy_id: int | None = None
-    """A policy a crashed round saved: the round only generates its pairs."""
+__all__ = ["RoundBusy", "RoundLock", "RoundRefused", "RoundResult", "run_round"]
 
 
 @dataclass
@@ -112,72 +35,6 @@ class RoundResult:
     round_id: int
     policy_id: int
     metrics: dict = field(default_factory=dict)
-
-
-def _crashed_work(store: Store, n_preferences: int) -> tuple[str | None, int | None]:
-    """What the most recent failed round finished before it died (reward model on the same votes, a policy)."""
-    last_done = store.last_done_round()
-    for round_ in reversed(store.rounds()):
-        if last_done is not None and round_.id <= last_done.id:
-            break
-        if round_.status != "failed":
-            continue
-        metrics = round_.metrics
-        policy_id = metrics.get("round/policy_id")
-        if policy_id is not None and not metrics.get("round/pairs_generated"):
-            return metrics.get("round/reward_model_path"), int(policy_id)
-        reward_path = metrics.get("round/reward_model_path")
-        if reward_path and metrics.get("round/pairs_used") == n_preferences and Path(reward_path).is_dir():
-            return reward_path, None
-    return None, None
-
-
-def plan_round(store: Store, base_model: str, config: TrainingConfig, exclude_prompts: set[str] | None = None,
-               log: Log = print) -> RoundPlan:
-    """Steps 1-2 on the main process: stale rounds, preference set, refusal on too few new pairs, a round row."""
-    stale = store.mark_stale_rounds_failed()
-    if stale:
-        log(f"Marked crashed round(s) {', '.join(map(str, stale))} as failed; resuming from what they finished.")
-    store.ensure_base_policy(base_model)
-    preferences = [(p.prompt, p.chosen, p.rejected, p.source, p.strength) for p in store.preferences()]
-    last_done = store.last_done_round()
-    used_before = int(last_done.metrics.get("round/pairs_used", 0)) if last_done else 0
-    new_pairs = len(preferences) - used_before
-    reuse_reward, reuse_policy = _crashed_work(store, len(preferences))
-    if reuse_policy is None and new_pairs < config.round.min_new_pairs:
-        raise RoundRefused(
-            f"Only {new_pairs} new preference pairs since the last round (minimum {config.round.min_new_pairs}; "
-            f"{len(preferences)} in all). Collect more votes (ties, 'both bad' and skips do not count), "
-            "or lower round.min_new_pairs with --set round.min_new_pairs=N."
-        )
-    latest, first = store.latest_policy(), store.first_policy()
-    rng = random.Random(config.round.seed + len(store.rounds()))
-    prompts = [p.text for p in store.prompts() if not exclude_prompts or p.text not in exclude_prompts]
-    if not prompts:
-        raise RoundRefused("No prompts in the database: import some with --import-prompts FILE.")
-    ppo_prompts = rng.sample(prompts, min(config.round.ppo_prompts, len(prompts)))
-    round_id = store.start_round(pid=os.getpid())
-    policy_round = max(p.round for p in store.policies()) + 1
-    out_dir = round_checkpoint_dir(config.round.checkpoints_dir, store.path, round_id)
-    plan = RoundPlan(
-        round_id=round_id, policy_round=policy_round, preferences=preferences, new_pairs=new_pairs,
-        reference_path=first.path, actor_path=latest.path, actor_policy_id=latest.id,
-        reward_warm_start=last_done.metrics.get("round/reward_model_path") if last_done else None,
-        ppo_prompts=ppo_prompts, out_dir=str(out_dir), reuse_reward_path=reuse_reward, reuse_policy_id=reuse_policy,
-    )
-    store.update_round_metrics(round_id, {
-        "round/pairs_used": len(preferences), "round/new_pairs": new_pairs, "round/stage": "planned",
-        "round/actor_policy_id": latest.id, "round/reference": first.path,
-    })
-    return plan
-
-
-def round_checkpoint_dir(checkpoints_dir: str | Path, db_path: str | Path, round_id: int) -> Path:
-    """`<checkpoints_dir>/<database name>/round-<id>`: round ids restart in every database, and a round replaces
-    a folder of its own name (a crashed attempt), so two databases (a demo beside the real one) must never share one.
-    """
-    database = "memory" if str(db_path) == ":memory:" else Path(db_path).stem
-    return Path(checkpoints_dir) / database / f"round-{round_id}"
 
 
 def _publish(staging: Path, target: Path) -> Path:
@@ -368,7 +225,8 @@ def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: Training
     """Step 6: the next batch of pairs from the new policy: a share against an earlier policy, the sample pairs
     chosen where the reward model's bootstrap heads disagree most (over-sampled answers), plus a random share; none
     for the prompts kept out of the round (the demo's evaluation prompts)."""
-    from annotate.policy_pairs import load_pair_judge, load_policy_model, queue_pairs
+    from loop.pairs import queue_pairs
+    from loop.policies import load_pair_judge, load_policy_model
 
     earlier = plan.actor_policy_id
     n_pairs = config.round.next_pairs

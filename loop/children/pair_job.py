@@ -1,32 +1,16 @@
 """Pair generation in the background, so pages stay responsive and annotation starts with the first pairs.
 
 The app holds one `GenerationJob`; the first start and the admin's "generate now" both go through it, so one batch
-runs at a time and the model is used by one thread only.
+runs at a time. Its generator is a child process in the app (`loop.children.pair_child`) and a fake in tests.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 import time
 import traceback
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol
-
-PROGRESS_PREFIX = "pairs-progress"
-"""A line `pairs-progress DONE TOTAL` of the generating child (commands.pairs, --progress-lines): prompts done."""
-ANSWERS_PREFIX = "pairs-answers"
-"""A line `pairs-answers DONE PLANNED`: answers finished so far (a pair takes two)."""
-STEP_PREFIX = "pairs-step"
-"""A line `pairs-step STEP MOST SECONDS_PER_STEP`: the batch being decoded is at token STEP of at most MOST, at that
-pace (printed about once a second)."""
-STAGE_PREFIX = "pairs-stage"
-"""A line `pairs-stage TEXT`: what the child does now ("loading the model", "generating")."""
-WRITTEN_PREFIX = "pairs-written"
-"""Its last line, `pairs-written N`: the pairs it stored."""
-
 
 class JobReporter(Protocol):
     """What a generator reports to: progress(done, total) counts pairs (prompts done); stage and answers say more."""
@@ -45,7 +29,7 @@ class JobReporter(Protocol):
 
 
 class PairGenerator(Protocol):
-    """What the app needs from a generator: tests pass a fake, `annotate.serve` wraps the real model."""
+    """What the app needs from a generator: tests pass a fake, the app a child process (pair_child)."""
 
     def generate(self, n_pairs: int, versus_share: float, progress: JobReporter) -> int:
         """Write up to n_pairs new pairs to the store pair by pair, calling progress(done, total) as it goes (in
@@ -253,47 +237,3 @@ class GenerationJob:
         if job.seconds_left == 0:
             return f"Generating pairs: {job.done}/{job.total} ready{answers}, finishing"
         return f"Generating pairs: {job.done}/{job.total} ready{answers}, about {duration_text(job.seconds_left)} left"
-
-
-class ChildProcessPairGenerator:
-    """Makes pairs in a child process (`python app.py --generate-pairs N --progress-lines ...`), so the web server never
-    loads a model: a crash or a memory spike in generation cannot take the annotators' server down, and votes are
-    answered without waiting for a decoding step. Progress comes from the child's `pairs-progress DONE TOTAL`,
-    `pairs-answers DONE PLANNED`, `pairs-step STEP MOST SECONDS_PER_STEP` and `pairs-stage TEXT` lines."""
-
-    def __init__(self, command: Callable[[int, float], list[str]], cwd: str | None = None, log_lines: int = 200):
-        self.command = command
-        """command(n_pairs, versus_share) -> the child's argv."""
-        self.cwd = cwd
-        self.log: deque[str] = deque(maxlen=log_lines)
-        """The child's last lines of output (its error, when it fails)."""
-
-    def generate(self, n_pairs: int, versus_share: float, progress: JobReporter) -> int:
-        argv = self.command(n_pairs, versus_share)
-        process = subprocess.Popen(argv, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   bufsize=1, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        written = 0
-        stage, answers, steps = (getattr(progress, name, None) for name in ("stage", "answers", "steps"))
-        for raw in process.stdout:
-            line = raw.rstrip("\n")
-            words = line.split()
-            if len(words) == 3 and words[0] == PROGRESS_PREFIX:
-                progress(int(words[1]), int(words[2]))
-            elif len(words) == 3 and words[0] == ANSWERS_PREFIX:
-                if answers is not None:
-                    answers(int(words[1]), int(words[2]))
-            elif len(words) == 4 and words[0] == STEP_PREFIX:
-                if steps is not None:
-                    steps(int(words[1]), int(words[2]), float(words[3]))
-            elif len(words) > 1 and words[0] == STAGE_PREFIX:
-                if stage is not None:
-                    stage(line.split(None, 1)[1])
-            elif len(words) == 2 and words[0] == WRITTEN_PREFIX:
-                written = int(words[1])
-            elif line.strip():
-                self.log.append(line)
-        code = process.wait()
-        if code != 0:
-            last = next((line for line in reversed(self.log) if "error" in line.lower() or ": " in line), "")
-            raise RuntimeError(f"pair generation exited with code {code}{': ' + last if last else ''}")
-        return written

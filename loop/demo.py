@@ -1,0 +1,282 @@
+"""The headless demonstration of the whole loop (`python app.py --demo-loop`): a simulated annotator votes on pairs, a
+round runs on the votes, and the new policy is judged against the first on prompts kept out of training; R times.
+
+With simulate.reward = "oracle" PPO chases the annotator's own score instead of the reward model, and with
+simulate.oracle_ceiling each round is judged beside PPO on that score from the same policy (what a perfect reward
+model would buy). Every number is printed as a line per round and, at the end, one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, resolve_score
+from annotate.statistics import mean_and_standard_error
+from annotate.store import Store
+from loop.checks import RoundRefused, context_misfit
+from loop.config import LoopConfig, SimulateSettings
+from loop.judging import judged, oracle_reward, repeat_each, reward_model_means
+
+EXIT_REFUSED = 3
+MAX_PAIR_CALLS = 4
+"""Calls the demo makes to fill its queue to simulate.votes pairs before a round (each makes at most one a prompt)."""
+SHIPPED_PROMPTS = Path("data/prompts.jsonl")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class DemoSeeds:
+    """Every seed the demo draws, each derived here from simulate.seed. A second demo on the same database goes on from
+    its rounds (`rounds_before`), so it draws new flips, pairs and votes; the evaluation prompts and answers depend on
+    the seed alone, the same on a database whatever ran before."""
+
+    seed: int
+    rounds_before: int
+
+    def flips(self) -> int:
+        """Which votes the noisy annotator flips."""
+        return self.seed + 7 + self.rounds_before
+
+    def evaluation(self) -> int:
+        """The evaluation prompts and every policy's sampled answers to them."""
+        return self.seed
+
+    def votes(self, round_number: int) -> int:
+        """The simulated votes of a round."""
+        return self.seed + self.rounds_before + round_number
+
+    def pairs(self, round_number: int, call: int) -> int:
+        """The pairs of a round's `call`-th fill of the queue."""
+        return self.votes(round_number) + 1000 * call
+
+
+@dataclass(frozen=True)
+class DemoAnnotator:
+    """The simulated annotator who votes (with its flips) and judges (without them)."""
+
+    spec: str
+    """What simulate.annotator names: a rule or module:function."""
+    name: str
+    """Who the votes are cast as."""
+    judge: Callable
+    """judge(prompt, a, b) -> "a" | "b" | "tie": the verdicts without flips."""
+    score: Callable | None
+    """The rule's score of an answer; None for an annotator that only judges pairs."""
+    voter: Callable
+    """The judge with simulate.noise of its a/b verdicts flipped: what votes."""
+
+    @classmethod
+    def from_settings(cls, sim: SimulateSettings, seeds: DemoSeeds) -> DemoAnnotator:
+        """Raises AnnotatorSpecError for an unknown annotator."""
+        judge = resolve_judge(sim.annotator)
+        voter = noisy(judge, sim.noise, random.Random(seeds.flips())) if sim.noise else judge
+        return cls(sim.annotator, sim.annotator_name or f"sim:{sim.annotator}", judge, resolve_score(sim.annotator),
+                   voter)
+
+    def oracle(self):
+        """PPO's reward from the rule's own score; None without a score."""
+        return None if self.score is None else oracle_reward(self.score, self.spec)
+
+
+def settings_problem(config: LoopConfig) -> str | None:
+    """Why the demo cannot run with these settings (checked before the database is touched), or None."""
+    sim = config.simulate
+    try:
+        resolve_judge(sim.annotator)
+    except AnnotatorSpecError as error:
+        return str(error)
+    if resolve_score(sim.annotator) is None and (sim.reward == "oracle" or sim.oracle_ceiling):
+        asked = "--reward oracle" if sim.reward == "oracle" else "--oracle-ceiling"
+        return (f"{asked} rewards PPO with the annotator's own score of each answer, and {sim.annotator!r} has "
+                "none: it only judges pairs. Use an annotator with a score (a built-in rule such as courteous, or "
+                "contains:WORD) or --reward model.")
+    return context_misfit(config)
+
+
+def _plus_minus(value: float | None, error: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}" + ("" if error is None else f" (SE {error:.4f})")
+
+
+class Evaluation:
+    """The prompts every policy is judged on (the same every round and every run on a database), the first policy's
+    answers to them, and the judging of a policy's answers against those."""
+
+    def __init__(self, store: Store, sim: SimulateSettings, config: LoopConfig, annotator: DemoAnnotator,
+                 seeds: DemoSeeds):
+        from dataclasses import replace
+
+        rng = random.Random(seeds.evaluation())
+        self.prompts = rng.sample([p.text for p in store.prompts()], min(sim.eval_prompts, store.count_prompts()))
+        self.per_prompt = sim.eval_answers
+        self.sampling = replace(config.sampling, seed=seeds.evaluation())
+        self.annotator = annotator
+        self.each = repeat_each(self.prompts, self.per_prompt)
+        """The prompt of each answer."""
+        self.first_answers: list[str] = []
+        self.first_score: dict = {"judge_score": None, "judge_score_se": None}
+
+    def answer_first(self, first_path: str) -> None:
+        """The first policy's answers, which every later policy's are judged against, and the rule's score of them."""
+        self.first_answers = self.answers(first_path)
+        if self.annotator.score is not None:
+            judge_score, judge_score_se = mean_and_standard_error(
+                [self.annotator.score(answer) for answer in self.first_answers], self.per_prompt)
+            self.first_score = {"judge_score": judge_score, "judge_score_se": judge_score_se}
+
+    def answers(self, policy_path: str) -> list[str]:
+        from loop import policies
+
+        return policies.policy_answers(policy_path, self.prompts, self.sampling, self.per_prompt)
+
+    def judge_policy(self, policy_path: str) -> tuple[list[str], dict]:
+        """The policy's answers and their verdicts against the first policy's (loop.judging.judged)."""
+        answers = self.answers(policy_path)
+        return answers, judged(self.annotator.judge, self.annotator.score, self.each, answers, self.first_answers,
+                               self.per_prompt)
+
+
+def fill_pair_queue(store: Store, config: LoopConfig, wanted: int, seeds: DemoSeeds, round_number: int,
+                    exclude: frozenset[str]) -> None:
+    """Queue pairs until `wanted` wait, as the app's "generate now" would: chosen by the last reward model once there is
+    one. A call makes at most one pair a prompt, so more votes than prompts take more calls on the least-used ones."""
+    from loop import pairs, policies
+
+    for call in range(MAX_PAIR_CALLS):
+        waiting = store.pairs_waiting()
+        if waiting >= wanted:
+            return
+        latest = store.latest_policy()
+        judge_path = policies.pair_judge_path(store)
+        pair_judge = policies.load_pair_judge(judge_path, config.votes)  # not the annotator: the reward model
+        _log(f"Generating {wanted - waiting} pairs from policy {latest.id} to vote on"
+             f"{', chosen by the reward model at ' + judge_path if pair_judge is not None else ''}.")
+        pairs.queue_pairs(store, latest.path, None, wanted - waiting, latest.id, config.votes, judge=pair_judge,
+                          sampling=config.sampling, seed=seeds.pairs(round_number, call), show_bar=True,
+                          exclude_prompts=exclude)
+        if store.pairs_waiting() == waiting:  # nothing usable came back: vote on what there is
+            return
+
+
+def own_round_seconds(metrics: dict) -> float | None:
+    """Seconds the round itself took (what `--train-round` takes on the same votes): its run less the oracle's ceiling,
+    a demo measurement; None for a round a crash left without a time."""
+    seconds = metrics.get("round/seconds")
+    return None if seconds is None else round(seconds - metrics.get("round/ceiling_seconds", 0.0), 1)
+
+
+def demo_row(result, policy_path: str, evaluation: Evaluation, config: LoopConfig) -> dict:
+    """One round's row of the demo's JSON line: the round's figures, the judge's verdicts and scores of the new policy
+    at `policy_path`, the reward model's scores of the same answers, and the oracle's ceiling when it ran."""
+    sim = config.simulate
+    metrics = result.metrics
+    new_answers, verdicts = evaluation.judge_policy(policy_path)
+    row = {"round": result.round_id,  # the database's round: a reused database goes on from its last one
+           "rm_accuracy": metrics.get("rm/heldout_accuracy"), "reward": metrics.get("ppo/reward"),
+           "kl": metrics.get("ppo/kl"), **verdicts}
+    reward_path = metrics.get("round/reward_model_path")  # absent when a resumed round reused a crashed one's
+    row["rm_score"], row["rm_score_first"] = reward_model_means(
+        reward_path, evaluation.each, [new_answers, evaluation.first_answers], config.reward.max_length) \
+        if reward_path and Path(reward_path).is_dir() else (None, None)
+    if sim.oracle_ceiling:  # None when a resumed round never ran it
+        ceiling = metrics.get("round/ceiling_policy_path")
+        row.update({"oracle_" + key: value for key, value in evaluation.judge_policy(ceiling)[1].items()} if ceiling
+                   else {"oracle_win_rate": None})
+        row["oracle_kl"] = metrics.get("ceiling/kl")
+    row["round_seconds"] = own_round_seconds(metrics)
+    return row
+
+
+def round_line(row: dict, first: dict) -> str:
+    """The printed line of a demo round: the judge's verdicts and scores, the reward model's, the oracle's."""
+    def verdicts(prefix: str) -> str:
+        return (f"{row[prefix + 'win_rate']:.1%} (95% CI {row[prefix + 'win_rate_low']:.1%}-"
+                f"{row[prefix + 'win_rate_high']:.1%}; {row[prefix + 'wins']} wins, {row[prefix + 'losses']} losses, "
+                f"{row[prefix + 'ties']} ties)")
+
+    text = (f"round {row['round']}: rm accuracy {row['rm_accuracy']}, reward {row['reward']}, kl {row['kl']}, "
+            f"win rate vs first {verdicts('')}")
+    if row["judge_score"] is not None:
+        text += (f", judge score {_plus_minus(row['judge_score'], row['judge_score_se'])} "
+                 f"(first {_plus_minus(first['judge_score'], first['judge_score_se'])})")
+    if row.get("rm_score") is not None:
+        text += f", reward-model score {row['rm_score']:.4f} (first {row['rm_score_first']:.4f})"
+    if row.get("oracle_win_rate") is not None:
+        text += (f"; oracle ceiling: win rate {verdicts('oracle_')}, judge score "
+                 f"{_plus_minus(row['oracle_judge_score'], row['oracle_judge_score_se'])}, kl {row['oracle_kl']}")
+    if row.get("round_seconds") is not None:
+        text += f", the round {row['round_seconds']} s"
+    return text + f", {row['seconds']} s with votes and judging"
+
+
+def demo_round(store: Store, config: LoopConfig, annotator: DemoAnnotator, evaluation: Evaluation, seeds: DemoSeeds,
+               round_number: int) -> dict | None:
+    """Pairs, votes, a round and its judging; the round's row, or None when the round was refused."""
+    from annotate import simulate
+    from loop import round as rounds
+
+    sim = config.simulate
+    started = time.perf_counter()
+    fill_pair_queue(store, config, sim.votes, seeds, round_number, frozenset(evaluation.prompts))
+    voted = simulate.simulate_votes(store, annotator.voter, annotator.name, sim.votes, seed=seeds.votes(round_number),
+                           score=annotator.score)  # graded by the rule's score, where it has one
+    _log(f"Demo round {round_number} of {sim.rounds}: {annotator.name} cast {voted.votes} votes.")
+    oracle = annotator.oracle()
+    try:
+        result = rounds.run_round(config.app.db, config.app.model, config, log=_log,
+                           exclude_prompts=set(evaluation.prompts),
+                           reward_function=oracle if sim.reward == "oracle" else None,
+                           ceiling_reward=oracle if sim.oracle_ceiling else None)
+    except RoundRefused as error:
+        print(f"demo round {round_number} of {sim.rounds} refused: {error}", file=sys.stderr)
+        return None
+    row = demo_row(result, store.policy(result.policy_id).path, evaluation, config)
+    row["seconds"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def run_demo_loop(config: LoopConfig) -> int:
+    """simulate -> round, simulate.rounds times, on the database's prompts (the shipped ones on an empty database);
+    exit 0 when every round ran, 2 bad settings, 3 a round refused."""
+    sim = config.simulate
+    if (problem := settings_problem(config)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    Path(config.app.db).parent.mkdir(parents=True, exist_ok=True)
+    store = Store(config.app.db)
+    seeds = DemoSeeds(sim.seed, rounds_before=len(store.rounds()))
+    annotator = DemoAnnotator.from_settings(sim, seeds)
+    if store.count_prompts() == 0:
+        store.import_prompts(SHIPPED_PROMPTS)
+    first = store.ensure_base_policy(config.app.model)
+    evaluation = Evaluation(store, sim, config, annotator, seeds)
+    _log(f"Demo loop: {sim.rounds} rounds, annotator {sim.annotator} (noise {sim.noise:.0%}), "
+         f"{sim.votes} votes a round, PPO rewarded by the {'annotator' if sim.reward == 'oracle' else 'reward model'}"
+         f"{' beside the oracle ceiling' if sim.oracle_ceiling else ''}, win rate judged on {sim.eval_answers} "
+         f"answer(s) to each of {len(evaluation.prompts)} prompts kept out of PPO "
+         f"({store.count_prompts() - len(evaluation.prompts)} left for it).")
+    evaluation.answer_first(first.path)
+    if annotator.score is not None:
+        first_score = evaluation.first_score
+        _log(f"The first policy's answers score {_plus_minus(first_score['judge_score'], first_score['judge_score_se'])}"
+             f" on average by the {sim.annotator} rule.")
+    rows = []
+    for round_number in range(1, sim.rounds + 1):
+        row = demo_round(store, config, annotator, evaluation, seeds, round_number)
+        if row is None:
+            break
+        rows.append(row)
+        print(round_line(row, evaluation.first_score), flush=True)
+    store.close()
+    print(json.dumps({"reward": sim.reward, "eval_prompts": len(evaluation.prompts),
+                      "eval_answers": sim.eval_answers, "first_judge_score": evaluation.first_score["judge_score"],
+                      "first_judge_score_se": evaluation.first_score["judge_score_se"], "rounds": rows}))
+    return 0 if len(rows) == sim.rounds else EXIT_REFUSED

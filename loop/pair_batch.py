@@ -1,0 +1,80 @@
+"""A batch of pairs from the current policy, for `--generate-pairs N` and the app's pair child (`--progress-lines`):
+the base model, recorded as round 0, when the store has no policy yet; sample pairs chosen by the last round's reward
+model once there is one."""
+
+from __future__ import annotations
+
+import sys
+
+from annotate.store import Store
+from loop.children.pair_child import ChildLines
+from loop.config import LoopConfig
+
+
+def _decoding_watchers(model, lines: ChildLines | None):
+    """What follows each decoding step: the child's step lines, and on a CPU a ThreadGovernor (rlhf.cpu_threads),
+    which leaves a core to other busy programs (the app's web server among them) and takes it back when they are
+    quiet."""
+    from rlhf.cpu_threads import ThreadGovernor
+
+    watchers = [lines.step] if lines is not None else []
+    if next(model.parameters()).device.type == "cpu":
+        watchers.append(ThreadGovernor())
+    if not watchers:
+        return None
+
+    def after_step(step: int, most: int) -> None:
+        for watcher in watchers:
+            watcher(step, most)
+
+    return after_step
+
+
+def generate_pair_batch(config: LoopConfig, n_pairs: int, versus_share: float, progress_lines: bool = False) -> int:
+    """Up to `n_pairs` pairs from the current policy into config.app.db, a share `versus_share` of them versus pairs;
+    with `progress_lines` the child protocol's lines on stdout (loop.children.pair_child) instead of a progress bar.
+    Returns an exit code: 0 done, 2 a problem the user can fix (said on stderr)."""
+    from loop.pairs import queue_pairs
+    from loop.policies import load_pair_judge, load_policy_model, pair_judge_path
+    from rlhf.models import ModelNotFoundError, needs_conversion
+
+    sampling, votes, db = config.sampling, config.votes, config.app.db
+    lines = ChildLines() if progress_lines else None
+    with Store(db) as store:
+        if store.count_prompts() == 0:
+            print(f"app.py --generate-pairs: {db} holds no prompts yet. Import some first, for example the shipped "
+                  "ones: python app.py --import-prompts data/prompts.jsonl", file=sys.stderr)
+            return 2
+        policy = store.ensure_base_policy(config.app.model)
+        print(f"Generating {n_pairs} pairs from policy {policy.id} (round {policy.round}, {policy.path}), "
+              f"{versus_share:.0%} versus pairs, up to {sampling.max_new_tokens} tokens an answer at temperature "
+              f"{sampling.temperature}.", file=sys.stderr)
+        judge_path = pair_judge_path(store)
+        judge = load_pair_judge(judge_path, votes)
+        if judge is not None:
+            print(f"Sample pairs: the {votes.oversample} answers a prompt that the reward model at {judge_path} is "
+                  f"least sure about ({votes.random_share:.0%} at random).", file=sys.stderr)
+        stage = lines.stage if lines else (lambda text: print(f"{text[0].upper()}{text[1:]}...", file=sys.stderr))
+        stage("converting the default model from GGUF, once (about 30 s)" if needs_conversion(policy.path)
+              else "loading the model")
+        try:
+            model, tokenizer = load_policy_model(policy.path)
+            steps = _decoding_watchers(model, lines)
+            stage("generating")
+            report = queue_pairs(store, model, tokenizer, n_pairs, policy.id, votes, judge=judge,
+                                 versus_share=versus_share, sampling=sampling, show_bar=not lines,
+                                 progress=lines.pairs if lines else None, answers=lines.answers if lines else None,
+                                 steps=steps)
+        except ModelNotFoundError as error:
+            print(f"app.py --generate-pairs: {error}", file=sys.stderr)
+            return 2
+        stats = report.stats
+        print(f"{report.written} pairs written ({report.sample} sample, {report.versus} versus); skipped "
+              f"{report.skipped_identical} with identical and {report.skipped_empty} with empty answers. "
+              f"{stats.get('gen/finished_share', 0.0):.0%} of answers finished, "
+              f"{stats.get('gen/mean_tokens', 0.0):.0f} tokens on average, "
+              f"{stats.get('gen/tokens_per_s', 0.0):.1f} tokens/s, {stats.get('time/generate_s', 0.0):.0f} s. "
+              f"{store.pairs_waiting()} pairs wait for votes.", file=sys.stderr if lines else sys.stdout)
+    if lines:
+        lines.written(report.written)
+    return 0
