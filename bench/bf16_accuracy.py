@@ -32,7 +32,7 @@ from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_l
 from rlhf.losses import actor_loss, masked_mean
 from rlhf.models import load_tokenizer, resolve_model_path
 from rlhf.ppo.train import build_ppo_trainer
-from rlhf.ppo.trainer import PPOConfig
+from rlhf.ppo.config import PPOConfig, rollout_sampling
 from rlhf.reward.model import RewardModel
 from rlhf.reward.strategies import parse_feature
 
@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> dict:
         batch = None
         for precision in ("no", "bf16"):
             config = PPOConfig(batch_size=args.batch_size, mini_batch_size=args.batch_size, ppo_epochs=1,
-                               max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens,
-                               seed=args.seed, mixed_precision=precision)
+                               seed=args.seed, mixed_precision=precision,
+                               sampling=rollout_sampling(max_new_tokens=args.max_new_tokens,
+                                                         min_new_tokens=args.max_new_tokens))
             trainer = build_ppo_trainer(actor_path, reward_dir, config)
             if batch is None:  # sampled once, in fp32: both precisions score the same tokens
                 batch = (*trainer.generate(prompts), None)

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from rlhf.generate import AnswerSampling, generate_answers
+from rlhf.generate import generate_answers
+from rlhf.sampling import Sampling
 from rlhf.models import load_causal_lm, load_tokenizer, resolve_model_path
 
 CACHE_DIR = Path("data/cache")
@@ -66,9 +67,10 @@ def generate_cache(model_name: str, prompts_file: str, per_prompt: int, max_new_
         chunk = [p for p in todo[start:start + prompts_per_batch] if p not in {r["prompt"] for r in read_answers(cache)}]
         if not chunk:  # the other half got here first
             break
-        sampling = AnswerSampling(max_new_tokens=max_new_tokens, batch_size=prompts_per_batch * per_prompt,
-                                  seed=seed * 100_003 + read_prompts(prompts_file).index(chunk[0]))
-        result = generate_answers(model, tokenizer, chunk, n_per_prompt=per_prompt, sampling=sampling)
+        result = generate_answers(model, tokenizer, chunk, n_per_prompt=per_prompt,
+                                  sampling=Sampling(max_new_tokens=max_new_tokens),
+                                  seed=seed * 100_003 + read_prompts(prompts_file).index(chunk[0]),
+                                  batch_size=prompts_per_batch * per_prompt)
         with path.open("a", encoding="utf-8") as handle:
             for prompt, answers in zip(chunk, result.answers):
                 handle.write(json.dumps({"prompt": prompt, "answers": [a.text for a in answers]}) + "\n")

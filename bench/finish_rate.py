@@ -24,7 +24,8 @@ import torch
 
 from annotate.importers import read_prompts
 from bench.machine import describe_machine, machine_line
-from rlhf.generate import AnswerSampling, generate_answers
+from rlhf.generate import generate_answers
+from rlhf.sampling import Sampling
 from rlhf.models import load_causal_lm, load_tokenizer
 
 EVERYDAY_PROMPTS = [
@@ -73,10 +74,10 @@ def main() -> None:
     model = load_causal_lm(args.model)
     all_answers = []
     for temperature in args.temperature:
-        sampling = AnswerSampling(max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=args.top_p,
-                                  repetition_penalty=args.repetition_penalty, batch_size=args.batch_size,
-                                  seed=args.seed)
-        result = generate_answers(model, tokenizer, prompts, n_per_prompt=args.samples, sampling=sampling)
+        sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=temperature, top_p=args.top_p,
+                            repetition_penalty=args.repetition_penalty)
+        result = generate_answers(model, tokenizer, prompts, n_per_prompt=args.samples, sampling=sampling,
+                                  seed=args.seed, batch_size=args.batch_size)
         answers = [a for row in result.answers for a in row]
         ended = sorted(a.n_tokens for a in answers if a.finish_reason == "stop")
         curve = {limit: round(sum(n < limit for n in ended) / len(answers), 3)

@@ -3,7 +3,7 @@
     python bench/first_pair.py                   # the default model, converted already under data/models
     python bench/first_pair.py --cold-model      # run from an empty folder: the first start converts the GGUF too
     python bench/first_pair.py --all             # also wait for the whole first batch (32 pairs)
-    python bench/first_pair.py --watch-s 120 -- --set sampling.batch_size=8    # app flags after --
+    python bench/first_pair.py --watch-s 120 -- --set pairs.batch_size=8    # app flags after --
 
 The app seeds the shipped prompts and starts its first batch of pairs in a child process (`--generate-pairs`); the
 bench polls the page until it answers and the database until pairs appear. Times are from the app's start; the goal

@@ -6,8 +6,8 @@
     python bench/generate.py --batch-sizes 16 --new-tokens 64 --dtypes fp32 bf16 --threads 2 --repeats 3
 
 Ours is `rlhf.generate.generate_answers` (one answer a prompt, the whole batch in one call), whatever is inside it
-today. Plain is what that path did until issue 19: one `generate_with` call (transformers' `generate`, sampling
-settings only) on the same left-padded prompts, with the same sampling (AnswerSampling's defaults: temperature 0.7,
+today. Plain is what that path did before rlhf.decode: one call of transformers' `generate` with our sampling settings
+only (`plain_generate`) on the same left-padded prompts, with the same sampling ([sampling]'s defaults: temperature 0.7,
 top-p 0.95, repetition penalty 1.1 on the answer's tokens) and the same seed. Both count the generated tokens up to
 and including each answer's first EOS, over the wall time of the call. Prompts are bench/bench_prompts.py's, the
 default model's chat template applied.
@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere: the repository root first
@@ -38,12 +39,12 @@ from bench.bench_prompts import PROMPTS
 from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
 from rlhf.generate import (
     encode_prompt,
+    end_tokens,
     eos_token_ids,
     generate_answers,
     pad_sequences,
     response_mask_until_eos,
 )
-from rlhf.generation_config import generate_with, neutral_generation_config
 from rlhf.models import (
     default_dtype,
     load_causal_lm,
@@ -51,11 +52,23 @@ from rlhf.models import (
     resolve_model_path,
 )
 from rlhf.ppo.config import PPOConfig
-from rlhf.ppo.experience import generate_responses, rollout_decoding
-from rlhf.sampling import AnswerSampling
-from rlhf.warping import Warping
+from rlhf.ppo.experience import generate_responses
+from rlhf.sampling import Sampling
 
 DTYPE_NAMES = ("fp32", "bf16")
+
+
+def plain_generate(model, ids, mask, processors=None, **settings):
+    """transformers' own `generate` with these settings and nothing from the model's generation_config.json (blanked
+    for the call, since transformers fills every unset field from it), top-k off unless given."""
+    from transformers import GenerationConfig
+
+    shipped, model.generation_config = model.generation_config, GenerationConfig()
+    try:
+        return model.generate(input_ids=ids, attention_mask=mask, logits_processor=processors,
+                              generation_config=GenerationConfig(**{"top_k": 0, **settings}))
+    finally:
+        model.generation_config = shipped
 
 
 def cell_figures(batch_size: int, new_tokens: int, dtype: str, ours: tuple[int, float], plain: tuple[int, float]) -> dict:
@@ -104,32 +117,33 @@ def prompts_for(batch_size: int, per_prompt: int = 1) -> list[str]:
 def run_ours(model, tokenizer, prompts: list[str], new_tokens: int, seed: int, per_prompt: int = 1) -> tuple[int, float]:
     """(tokens up to and including each first EOS, seconds) of one `generate_answers` call; with per_prompt > 1,
     `per_prompt` answers to each distinct prompt (as pairs are made), not the repeated rows."""
-    sampling = AnswerSampling(max_new_tokens=new_tokens, batch_size=len(prompts), seed=seed)
+    sampling = Sampling(max_new_tokens=new_tokens)
     distinct = prompts[::per_prompt]
     started = time.perf_counter()
-    result = generate_answers(model, tokenizer, distinct, n_per_prompt=per_prompt, sampling=sampling)
+    result = generate_answers(model, tokenizer, distinct, n_per_prompt=per_prompt, sampling=sampling, seed=seed,
+                              batch_size=len(prompts))
     seconds = time.perf_counter() - started
     # n_tokens leaves the EOS out; a "stop" answer wrote one more token
     return sum(a.n_tokens + (a.finish_reason == "stop") for row in result.answers for a in row), seconds
 
 
 def run_plain(model, tokenizer, prompts: list[str], new_tokens: int, seed: int, per_prompt: int = 1) -> tuple[int, float]:
-    """(tokens up to and including each first EOS, seconds) of one plain `generate` call: our path until issue 19."""
-    sampling = AnswerSampling()
+    """(tokens up to and including each first EOS, seconds) of one plain `generate` call: our path before rlhf.decode."""
+    sampling = Sampling()
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     device = next(model.parameters()).device
     ids, mask = pad_sequences([encode_prompt(tokenizer, p) for p in prompts], pad_id)  # (B, P) left-padded
     ids, mask = ids.to(device), mask.to(device)
-    config = neutral_generation_config(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                       max_new_tokens=new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id)
     processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty,
                                                                        prompt_ignore_length=ids.shape[1])])
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices), torch.inference_mode():
         torch.manual_seed(seed)
         started = time.perf_counter()
-        output = generate_with(model, config, input_ids=ids, attention_mask=mask, logits_processor=processors)
+        output = plain_generate(model, ids, mask, processors, do_sample=True, temperature=sampling.temperature,
+                                top_p=sampling.top_p, max_new_tokens=new_tokens, eos_token_id=eos_ids,
+                                pad_token_id=pad_id)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
@@ -139,12 +153,12 @@ def run_plain(model, tokenizer, prompts: list[str], new_tokens: int, seed: int, 
 
 def run_rollout(model, tokenizer, prompts: list[str], new_tokens: int, seed: int, ours: bool,
                 autocast: bool) -> tuple[int, float]:
-    """(tokens, seconds) of one PPO rollout at [ppo]'s sampling defaults (temperature 0.7, top-k and top-p off), as
+    """(tokens, seconds) of one PPO rollout at [ppo.sampling]'s defaults (temperature 0.7, top-k and top-p off), as
     the trainer's phase 1 runs it: the fp32 actor under no_grad, in bf16 autocast where `auto` picks it. Ours is
-    `generate_responses` (rlhf.decode); plain is `generate` with the same settings, the path before issue 19."""
-    settings = PPOConfig()
-    eos_ids = eos_token_ids(model, tokenizer)
-    warping = Warping(settings.temperature, settings.top_k, settings.top_p, 0, tuple(eos_ids))
+    `generate_responses` (rlhf.decode); plain is `generate` with the same settings, the path before ours."""
+    settings = replace(PPOConfig().sampling, max_new_tokens=new_tokens)
+    ends = end_tokens(model, tokenizer)
+    eos_ids = list(ends.eos_ids)
     device = next(model.parameters()).device
     ids, mask = pad_sequences([encode_prompt(tokenizer, p) for p in prompts], tokenizer.pad_token_id)
     ids, mask = ids.to(device), mask.to(device)
@@ -154,12 +168,11 @@ def run_rollout(model, tokenizer, prompts: list[str], new_tokens: int, seed: int
         torch.manual_seed(seed)
         started = time.perf_counter()
         if ours:
-            _, _, action_mask, _ = generate_responses(model, ids, mask, rollout_decoding(tokenizer, warping, new_tokens))
+            _, _, action_mask, _ = generate_responses(model, ids, mask, settings, ends)
         else:
-            config = neutral_generation_config(do_sample=True, temperature=settings.temperature, top_k=0, top_p=1.0,
-                                               max_new_tokens=new_tokens, eos_token_id=eos_ids,
-                                               pad_token_id=tokenizer.pad_token_id)
-            output = generate_with(model, config, input_ids=ids, attention_mask=mask)
+            output = plain_generate(model, ids, mask, do_sample=True, temperature=settings.temperature, top_p=1.0,
+                                    max_new_tokens=new_tokens, eos_token_id=eos_ids,
+                                    pad_token_id=tokenizer.pad_token_id)
             action_mask, _ = response_mask_until_eos(output[:, ids.shape[1]:], eos_ids)
         seconds = time.perf_counter() - started
     return int(action_mask.sum()), seconds

@@ -7,7 +7,7 @@ and its head-to-head win rate against the start (ties half). Held-out prompts ar
 file; PPO trains on the rest. Settings come as --set section.key=value, as in app.py. Ends with one JSON line.
 
     python bench/ppo_judge.py --reward-model data/checkpoints/demo-c2/round-5/reward --annotator courteous \\
-        --steps 32 --set ppo.max_new_tokens=64 --set ppo.normalize_rewards=true --set ppo.lam=1.0
+        --steps 32 --set ppo.sampling.max_new_tokens=64 --set ppo.normalize_rewards=true --set ppo.lam=1.0
 
 About 6 minutes on a 2-core CPU for 32 steps and 192 answers of 64 tokens each way.
 """
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     print(machine_line(machine), flush=True)
     check_bf16(ppo.mixed_precision == "bf16", args.allow_emulated_bf16, machine,
                fp32_hint="--set ppo.mixed_precision=no")
-    sampling = replace(config.sampling, max_new_tokens=ppo.max_new_tokens, seed=args.seed)
+    sampling = replace(config.sampling, max_new_tokens=ppo.sampling.max_new_tokens)
 
     prompts = read_prompts(args.prompts)
     held_out = random.Random(args.seed).sample(prompts, min(args.eval_prompts, len(prompts) - 1))
@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     train = [p for p in prompts if p not in held_out_set]
     start = resolve_model_path(args.policy)
     started = time.perf_counter()
-    first = policy_answers(start, held_out, sampling, args.eval_answers)
+    first = policy_answers(start, held_out, sampling, args.eval_answers, seed=args.seed)
     result = train_ppo(start, args.reward_model, train, ppo, args.out, reference_path=start,
-                       critic_path=args.reward_model, reward_function=oracle_reward(score, args.annotator) if args.oracle else None)
-    new = policy_answers(args.out, held_out, sampling, args.eval_answers)
+                       reward_function=oracle_reward(score, args.annotator) if args.oracle else None)
+    new = policy_answers(args.out, held_out, sampling, args.eval_answers, seed=args.seed)
     history = result.history
     prompts_each = repeat_each(held_out, args.eval_answers)
     verdicts = judged(judge, score, prompts_each, new, first, args.eval_answers)

@@ -29,7 +29,7 @@ import torch
 from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
 from rlhf.models import load_tokenizer, resolve_model_path
 from rlhf.ppo.train import build_ppo_trainer
-from rlhf.ppo.trainer import PPOConfig
+from rlhf.ppo.config import PPOConfig, rollout_sampling
 from rlhf.reward.model import RewardModel
 from rlhf.reward.strategies import parse_feature
 
@@ -70,11 +70,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(machine_line(machine), flush=True)
     check_bf16(args.mixed_precision == "bf16", args.allow_emulated_bf16, machine, fp32_hint="--mixed-precision no")
 
-    config = PPOConfig(batch_size=args.batch_size, mini_batch_size=args.batch_size, ppo_epochs=1,
-                       max_new_tokens=args.max_new_tokens,
-                       min_new_tokens=args.max_new_tokens if args.full_length else 0,
-                       use_lora=args.lora, reuse_forward=not args.no_reuse, seed=args.seed,
-                       mixed_precision=args.mixed_precision)
+    config = PPOConfig(batch_size=args.batch_size, mini_batch_size=args.batch_size, ppo_epochs=1, use_lora=args.lora,
+                       reuse_forward=not args.no_reuse, seed=args.seed, mixed_precision=args.mixed_precision,
+                       sampling=rollout_sampling(max_new_tokens=args.max_new_tokens,
+                                                 min_new_tokens=args.max_new_tokens if args.full_length else 0))
     actor_path = resolve_model_path(args.model)
     with tempfile.TemporaryDirectory(prefix="ppo-bench-rm-") as reward_dir:
         pooling, layer = parse_feature(args.reward_feature)

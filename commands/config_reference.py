@@ -25,6 +25,28 @@ def _default_text(value) -> str:
     return f"`{value}`"
 
 
+def _table(name: str, table, flags_of: dict[str, list[str]]) -> list[str]:
+    """The table of one section (or of a table within one, as [ppo.sampling]), then those of its tables."""
+    cls = type(table)
+    docs = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base):
+            docs.update(field_docs(base))
+    parts = [f"## [{name}]\n\n`{cls.__name__}` ({cls.__module__}): {' '.join((cls.__doc__ or '').split())}\n",
+             "| key | default | flag | meaning |\n|---|---|---|---|"]
+    inner = []
+    for item in dataclasses.fields(table):
+        value = getattr(table, item.name)
+        shown = _default_text(value)
+        if dataclasses.is_dataclass(value):  # a table of its own, listed after this one
+            inner += _table(f"{name}.{item.name}", value, flags_of)
+            shown = f"[{name}.{item.name}]"
+        flag = ", ".join(flags_of.get(f"{name}.{item.name}", []))
+        meaning = docs.get(item.name, "").replace("|", "\\|")
+        parts.append(f"| `{item.name}` | {shown} | {flag} | {meaning} |")
+    return parts + [""] + inner
+
+
 def reference_tables() -> str:
     """One table per section: key, default, the flags that set it, and the field's docstring."""
     flags_of: dict[str, list[str]] = {}
@@ -33,23 +55,8 @@ def reference_tables() -> str:
             for key in keys:
                 flags_of.setdefault(key, []).append(f"`{flag}`")
     config = LoopConfig()
-    parts = []
-    for section in dataclasses.fields(config):
-        stage = getattr(config, section.name)
-        cls = type(stage)
-        docs = {}
-        for base in reversed(cls.__mro__):
-            if dataclasses.is_dataclass(base):
-                docs.update(field_docs(base))
-        parts.append(f"## [{section.name}]\n\n`{cls.__name__}` ({cls.__module__}): "
-                     f"{' '.join((cls.__doc__ or '').split())}\n")
-        parts.append("| key | default | flag | meaning |\n|---|---|---|---|")
-        for item in dataclasses.fields(stage):
-            flag = ", ".join(flags_of.get(f"{section.name}.{item.name}", []))
-            meaning = docs.get(item.name, "").replace("|", "\\|")
-            parts.append(f"| `{item.name}` | {_default_text(getattr(stage, item.name))} | {flag} | {meaning} |")
-        parts.append("")
-    return "\n".join(parts)
+    return "\n".join(line for section in dataclasses.fields(config)
+                     for line in _table(section.name, getattr(config, section.name), flags_of))
 
 
 def main() -> int:

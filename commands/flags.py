@@ -62,7 +62,7 @@ CONFIG_FLAGS: dict[str, list[tuple[str, tuple[str, ...], dict]]] = {
         ("--steps", ("ppo.steps",), {"metavar": "N"}),
         ("--lora", ("ppo.use_lora",), {}),
         ("--ppo-batch-size", ("ppo.batch_size", "ppo.mini_batch_size"), {"metavar": "N"}),
-        ("--ppo-max-new-tokens", ("ppo.max_new_tokens",), {"metavar": "N"}),
+        ("--ppo-max-new-tokens", ("ppo.sampling.max_new_tokens",), {"metavar": "N"}),
     ],
     "generating pairs (--generate-pairs, the app, a round's next pairs)": [
         ("--max-new-tokens", ("sampling.max_new_tokens",), {"metavar": "N"}),
@@ -92,8 +92,11 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _field(section: str, key: str) -> tuple[Any, str]:
-    """(default, docstring) of `section.key` in a fresh LoopConfig."""
+    """(default, docstring) of `section.key` in a fresh LoopConfig (`key` dotted within a table: sampling.top_k)."""
     stage = getattr(LoopConfig(), section)
+    *tables, key = key.split(".")
+    for table in tables:
+        stage = getattr(stage, table)
     for cls in type(stage).__mro__:
         if dataclasses.is_dataclass(cls) and key in field_docs(cls):
             return getattr(stage, key), field_docs(cls)[key]
@@ -110,7 +113,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     for title, flags in CONFIG_FLAGS.items():
         group = parser.add_argument_group(title)
         for flag, keys, extra in flags:
-            section, key = keys[0].split(".")
+            section, key = keys[0].split(".", 1)
             default, doc = _field(section, key)
             shown = "" if default is None or default == [] else f" (default {default})"
             settings = {"dest": _dest(flag), "default": None,
@@ -136,7 +139,7 @@ def flag_values(args: argparse.Namespace) -> list[tuple[str, str, Any, str]]:
         for flag, keys, _extra in flags:
             value = getattr(args, _dest(flag), None)
             if value is not None:
-                values.extend((*key.split("."), value, flag) for key in keys)
+                values.extend((*key.split(".", 1), value, flag) for key in keys)
     return values
 
 

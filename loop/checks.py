@@ -29,7 +29,7 @@ def check_accuracy(metrics: dict, plan, config, record: Callable[[dict], None], 
     when no random sample pair was held out (an unmeasured model).
 
     `metrics` are the trained model's (rm/heldout_accuracy and rm/n_heldout_sample over the random sample pairs),
-    `plan` the round's (its round_id and preferences), `config` the TrainingConfig. round.min_accuracy = 0 turns
+    `plan` the round's (its round_id and preferences), `config` the LoopConfig. round.min_accuracy = 0 turns
     every refusal off.
     """
     accuracy, n_sample = metrics.get("rm/heldout_accuracy"), int(metrics.get("rm/n_heldout_sample", 0))
@@ -80,7 +80,7 @@ def context_misfit(config) -> str | None:
     try:
         check_context(config.app.model,
                       {"[sampling] max_new_tokens": config.sampling.max_new_tokens,
-                       "[ppo] max_new_tokens": config.ppo.max_new_tokens},
+                       "[ppo.sampling] max_new_tokens": config.ppo.sampling.max_new_tokens},
                       {"[reward] max_length": config.reward.max_length})
     except ModelNotFoundError as error:
         return str(error)

@@ -15,7 +15,7 @@ from typing import Any
 
 from rlhf.ppo.config import PPOConfig
 from rlhf.reward.config import RewardTrainConfig, StrategyConfig, VotesConfig
-from rlhf.sampling import AnswerSampling
+from rlhf.sampling import DEFAULT_BATCH_SIZE, Sampling
 from rlhf.sft.config import SFTConfig
 
 
@@ -49,15 +49,19 @@ class RoundConfig:
 
 
 @dataclass
-class TrainingConfig:
-    """The stages' settings, one dataclass per section of rlhf-loop.toml."""
+class PairsConfig:
+    """How the pairs people vote on are generated (`--generate-pairs`, the app, a round's next pairs); how each answer
+    is sampled is [sampling]."""
 
-    round: RoundConfig = field(default_factory=RoundConfig)
-    reward: RewardTrainConfig = field(default_factory=RewardTrainConfig)
-    ppo: PPOConfig = field(default_factory=PPOConfig)
-    sampling: AnswerSampling = field(default_factory=AnswerSampling)
-    votes: VotesConfig = field(default_factory=VotesConfig)
-    """Reward-model strategy by vote count and active choice of the next pairs (rlhf.reward.strategies)."""
+    batch_size: int = DEFAULT_BATCH_SIZE
+    """Sequences generated together in one left-padded batch (a prompt's answers share its KV)."""
+    seed: int | None = None
+    """Seeds the pairs `--generate-pairs` and the app make (prompts' sides, versus prompts, the sampling); unset: not
+    seeded. A round seeds its next pairs with round.seed + its id."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {self.batch_size}")
 
 
 @dataclass
@@ -141,9 +145,17 @@ class SimulateSettings:
 
 
 @dataclass
-class LoopConfig(TrainingConfig):
+class LoopConfig:
     """Every knob of rlhf-loop, one dataclass per section of rlhf-loop.toml."""
 
+    round: RoundConfig = field(default_factory=RoundConfig)
+    reward: RewardTrainConfig = field(default_factory=RewardTrainConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    sampling: Sampling = field(default_factory=Sampling)
+    """How the answers people rank are sampled."""
+    pairs: PairsConfig = field(default_factory=PairsConfig)
+    votes: VotesConfig = field(default_factory=VotesConfig)
+    """Reward-model strategy by vote count and active choice of the next pairs (rlhf.reward.strategies)."""
     app: AppSettings = field(default_factory=AppSettings)
     serve: ServeSettings = field(default_factory=ServeSettings)
     simulate: SimulateSettings = field(default_factory=SimulateSettings)
@@ -158,7 +170,7 @@ def _jsonable(values: dict) -> dict:
     return json.loads(json.dumps(values, default=str))
 
 
-def ppo_settings(config: TrainingConfig, reward_model_path: str, round_id: int | None = None) -> PPOConfig:
+def ppo_settings(config: LoopConfig, reward_model_path: str, round_id: int | None = None) -> PPOConfig:
     """config.ppo, with normalised rewards and GAE lambda 1 when round.adapt_ppo_to_head asks for them and the reward
     model is a head or ensemble (RoundConfig.adapt_ppo_to_head says why); in round `round_id`, seeded with
     round.seed + round_id like the round's other stages, so that rounds do not repeat one another's draws
@@ -187,7 +199,7 @@ def function_ppo_settings(settings: PPOConfig) -> PPOConfig:
     return replace(settings, normalize_rewards=True)
 
 
-def strategy_settings(config: TrainingConfig, seed: int, warm_start: str | None) -> StrategyConfig:
+def strategy_settings(config: LoopConfig, seed: int, warm_start: str | None) -> StrategyConfig:
     """How the round trains its reward model: [votes] for the heads, [reward] for the split and the "full" strategy,
     with this round's seed and warm start."""
     reward = replace(config.reward, warm_start=warm_start, seed=seed, show_progress=True)

@@ -64,17 +64,53 @@ def _coerce(value: Any, current: Any, where: str, optional: bool = False) -> Any
     return value
 
 
-def set_value(config: LoopConfig, section: str, key: str, value: Any, where: str) -> None:
-    """Set `section.key` to `value` (converted to the field's type); unknown names are refused with the known ones."""
+def _keys(table) -> list[str]:
+    """Every key of a section, a table within it (ppo.sampling) as its dotted keys."""
+    keys = []
+    for item in dataclasses.fields(table):
+        inner = getattr(table, item.name)
+        keys += [f"{item.name}.{key}" for key in _keys(inner)] if dataclasses.is_dataclass(inner) else [item.name]
+    return keys
+
+
+def _table_of(config: LoopConfig, section: str, key: str, where: str):
+    """(the dataclass that holds `section.key`, the field's name): a key may name a table within the section
+    (`ppo`, `sampling.temperature`); unknown names are refused with the known ones."""
     sections = {f.name for f in dataclasses.fields(config)}
     if section not in sections:
         raise ConfigError(f"{where}: unknown section [{section}]; sections are {', '.join(sorted(sections))}")
-    stage = getattr(config, section)
-    fields = {f.name: f for f in dataclasses.fields(stage)}
-    if key not in fields:
-        raise ConfigError(f"{where}: unknown key {section}.{key}; keys are {', '.join(sorted(fields))}")
-    optional = fields[key].default is None
-    setattr(stage, key, _coerce(value, getattr(stage, key), f"{where}: {section}.{key}", optional))
+    stage = table = getattr(config, section)
+    *tables, name = key.split(".")
+    for part in tables:
+        inner = getattr(table, part, None) if part in {f.name for f in dataclasses.fields(table)} else None
+        if not dataclasses.is_dataclass(inner):
+            raise ConfigError(f"{where}: unknown key {section}.{key}; keys are {', '.join(_keys(stage))}")
+        table = inner
+    if name not in {f.name for f in dataclasses.fields(table)}:
+        moved = [known for known in _keys(stage) if known.endswith(f".{name}")]
+        hint = f" (did you mean {section}.{moved[0]}?)" if len(moved) == 1 and table is stage else ""
+        raise ConfigError(f"{where}: unknown key {section}.{key}{hint}; keys are {', '.join(_keys(stage))}")
+    if dataclasses.is_dataclass(getattr(table, name)):
+        raise ConfigError(f"{where}: {section}.{key} is a table of keys; set {section}.{key}.KEY "
+                          f"(keys: {', '.join(_keys(getattr(table, name)))})")
+    return table, name
+
+
+def set_value(config: LoopConfig, section: str, key: str, value: Any, where: str) -> None:
+    """Set `section.key` (the key dotted when it is in a table of the section: ppo, sampling.temperature) to `value`,
+    converted to the field's type; unknown names are refused with the known ones."""
+    table, name = _table_of(config, section, key, where)
+    optional = next(f for f in dataclasses.fields(table) if f.name == name).default is None
+    setattr(table, name, _coerce(value, getattr(table, name), f"{where}: {section}.{key}", optional))
+
+
+def _apply_values(config: LoopConfig, section: str, values: dict, where: str, prefix: str = "") -> None:
+    """The keys of one TOML table, its own tables ([ppo.sampling]) within it."""
+    for key, value in values.items():
+        if isinstance(value, dict):
+            _apply_values(config, section, value, where, f"{prefix}{key}.")
+        else:
+            set_value(config, section, prefix + key, value, where)
 
 
 def _apply_file(config: LoopConfig, path: Path) -> None:
@@ -87,8 +123,20 @@ def _apply_file(config: LoopConfig, path: Path) -> None:
     for section, values in data.items():
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: {section} must be a [section] of keys")
-        for key, value in values.items():
-            set_value(config, section, key, value, str(path))
+        _apply_values(config, section, values, str(path))
+
+
+def _check(table, name: str) -> None:
+    """Run the checks of `table` (a section, or a table within one) and of the tables it holds, innermost first."""
+    for item in dataclasses.fields(table):
+        inner = getattr(table, item.name)
+        if dataclasses.is_dataclass(inner):
+            _check(inner, f"{name}.{item.name}")
+    if hasattr(table, "__post_init__"):
+        try:
+            table.__post_init__()
+        except ValueError as error:
+            raise ConfigError(f"[{name}]: {error}") from error
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
@@ -111,12 +159,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for section, key, value, flag in flag_values or []:
         set_value(config, section, key, value, flag)
     for section in dataclasses.fields(config):
-        stage = getattr(config, section.name)
-        if hasattr(stage, "__post_init__"):
-            try:
-                stage.__post_init__()
-            except ValueError as error:
-                raise ConfigError(f"[{section.name}]: {error}") from error
+        _check(getattr(config, section.name), section.name)
     return config
 
 
@@ -128,19 +171,31 @@ def _toml_value(value: Any) -> str:
     return json.dumps(value)
 
 
+def _flat(values: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of a section's values, a table's keys after its name."""
+    return [item for key, value in values.items()
+            for item in (_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else [(prefix + key, value)])]
+
+
 def unset_overrides(config: LoopConfig) -> list[str]:
     """`section.key=none` for every unset value: TOML cannot say "unset", so a child given the configuration as a file
     also gets these, lest rlhf-loop.toml set what the parent had unset."""
     return [f"{section}.{key}=none" for section, values in config.as_dict().items()
-            for key, value in values.items() if value is None]
+            for key, value in _flat(values) if value is None]
+
+
+def _table_lines(name: str, values: dict) -> list[str]:
+    """[name] with its keys, then each table within it as [name.table]."""
+    lines = [f"[{name}]"]
+    lines += [f"# {key} = (unset)" if value is None else f"{key} = {_toml_value(value)}"
+              for key, value in values.items() if not isinstance(value, dict)]
+    lines.append("")
+    for key, value in values.items():
+        if isinstance(value, dict):
+            lines += _table_lines(f"{name}.{key}", value)
+    return lines
 
 
 def config_as_toml(config: LoopConfig) -> str:
     """The whole configuration as TOML (unset values as comments), for `--show-config`."""
-    lines = []
-    for section, values in config.as_dict().items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            lines.append(f"# {key} = (unset)" if value is None else f"{key} = {_toml_value(value)}")
-        lines.append("")
-    return "\n".join(lines)
+    return "\n".join(line for section, values in config.as_dict().items() for line in _table_lines(section, values))

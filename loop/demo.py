@@ -22,6 +22,7 @@ from annotate.store import Store
 from loop.checks import RoundRefused, context_misfit
 from loop.config import LoopConfig, SimulateSettings
 from loop.judging import judged, oracle_reward, repeat_each, reward_model_means
+from loop.pair_request import PairBar, PairRequest
 
 EXIT_REFUSED = 3
 MAX_PAIR_CALLS = 4
@@ -112,12 +113,10 @@ class Evaluation:
 
     def __init__(self, store: Store, sim: SimulateSettings, config: LoopConfig, annotator: DemoAnnotator,
                  seeds: DemoSeeds):
-        from dataclasses import replace
-
         rng = random.Random(seeds.evaluation())
         self.prompts = rng.sample([p.text for p in store.prompts()], min(sim.eval_prompts, store.count_prompts()))
         self.per_prompt = sim.eval_answers
-        self.sampling = replace(config.sampling, seed=seeds.evaluation())
+        self.sampling, self.seed, self.batch_size = config.sampling, seeds.evaluation(), config.pairs.batch_size
         self.annotator = annotator
         self.each = repeat_each(self.prompts, self.per_prompt)
         """The prompt of each answer."""
@@ -135,7 +134,8 @@ class Evaluation:
     def answers(self, policy_path: str) -> list[str]:
         from loop import policies
 
-        return policies.policy_answers(policy_path, self.prompts, self.sampling, self.per_prompt)
+        return policies.policy_answers(policy_path, self.prompts, self.sampling, self.per_prompt, self.seed,
+                                       self.batch_size)
 
     def judge_policy(self, policy_path: str) -> tuple[list[str], dict]:
         """The policy's answers and their verdicts against the first policy's (loop.judging.judged)."""
@@ -159,9 +159,9 @@ def fill_pair_queue(store: Store, config: LoopConfig, wanted: int, seeds: DemoSe
         pair_judge = policies.load_pair_judge(judge_path, config.votes)  # not the annotator: the reward model
         _log(f"Generating {wanted - waiting} pairs from policy {latest.id} to vote on"
              f"{', chosen by the reward model at ' + judge_path if pair_judge is not None else ''}.")
-        pairs.queue_pairs(store, latest.path, None, wanted - waiting, latest.id, config.votes, judge=pair_judge,
-                          sampling=config.sampling, seed=seeds.pairs(round_number, call), show_bar=True,
-                          exclude_prompts=exclude)
+        request = PairRequest(wanted - waiting, latest.id, sampling=config.sampling, seed=seeds.pairs(round_number, call),
+                              batch_size=config.pairs.batch_size, exclude_prompts=exclude)
+        pairs.queue_pairs(store, request, config.votes, judge=pair_judge, progress=PairBar())
         if store.pairs_waiting() == waiting:  # nothing usable came back: vote on what there is
             return
 

@@ -9,25 +9,37 @@ import sys
 from annotate.store import Store
 from loop.children.pair_child import ChildLines
 from loop.config import LoopConfig
+from loop.pair_request import PairBar, PairProgress, PairRequest
 
 
-def _decoding_watchers(model, lines: ChildLines | None):
-    """What follows each decoding step: the child's step lines, and on a CPU a ThreadGovernor (rlhf.cpu_threads),
-    which leaves a core to other busy programs (the app's web server among them) and takes it back when they are
-    quiet."""
-    from rlhf.cpu_threads import ThreadGovernor
+class _SharingTheCpu(PairProgress):
+    """`progress`, and after each decoding step a ThreadGovernor (rlhf.cpu_threads), which leaves a core to other busy
+    programs (the app's web server among them) and takes it back when they are quiet."""
 
-    watchers = [lines.step] if lines is not None else []
-    if next(model.parameters()).device.type == "cpu":
-        watchers.append(ThreadGovernor())
-    if not watchers:
-        return None
+    def __init__(self, progress: PairProgress):
+        from rlhf.cpu_threads import ThreadGovernor
 
-    def after_step(step: int, most: int) -> None:
-        for watcher in watchers:
-            watcher(step, most)
+        self.progress, self.governor = progress, ThreadGovernor()
 
-    return after_step
+    def stage(self, text: str) -> None:
+        self.progress.stage(text)
+
+    def pairs(self, done: int, total: int, written: int) -> None:
+        self.progress.pairs(done, total, written)
+
+    def answers(self, done: int, planned: int) -> None:
+        self.progress.answers(done, planned)
+
+    def step(self, step: int, most: int) -> None:
+        self.progress.step(step, most)
+        self.governor(step, most)
+
+
+class _TerminalProgress(PairBar):
+    """The terminal's progress: a bar of the pairs, and what is being done as a line."""
+
+    def stage(self, text: str) -> None:
+        print(f"{text[0].upper()}{text[1:]}...", file=sys.stderr)
 
 
 def generate_pair_batch(config: LoopConfig, n_pairs: int, versus_share: float, progress_lines: bool = False) -> int:
@@ -40,6 +52,7 @@ def generate_pair_batch(config: LoopConfig, n_pairs: int, versus_share: float, p
 
     sampling, votes, db = config.sampling, config.votes, config.app.db
     lines = ChildLines() if progress_lines else None
+    progress = lines or _TerminalProgress()
     with Store(db) as store:
         if store.count_prompts() == 0:
             print(f"app.py --generate-pairs: {db} holds no prompts yet. Import some first, for example the shipped "
@@ -54,17 +67,16 @@ def generate_pair_batch(config: LoopConfig, n_pairs: int, versus_share: float, p
         if judge is not None:
             print(f"Sample pairs: the {votes.oversample} answers a prompt that the reward model at {judge_path} is "
                   f"least sure about ({votes.random_share:.0%} at random).", file=sys.stderr)
-        stage = lines.stage if lines else (lambda text: print(f"{text[0].upper()}{text[1:]}...", file=sys.stderr))
-        stage("converting the default model from GGUF, once (about 30 s)" if needs_conversion(policy.path)
-              else "loading the model")
+        progress.stage("converting the default model from GGUF, once (about 30 s)" if needs_conversion(policy.path)
+                       else "loading the model")
         try:
-            model, tokenizer = load_policy_model(policy.path)
-            steps = _decoding_watchers(model, lines)
-            stage("generating")
-            report = queue_pairs(store, model, tokenizer, n_pairs, policy.id, votes, judge=judge,
-                                 versus_share=versus_share, sampling=sampling, show_bar=not lines,
-                                 progress=lines.pairs if lines else None, answers=lines.answers if lines else None,
-                                 steps=steps)
+            model = load_policy_model(policy.path)
+            if next(model.model.parameters()).device.type == "cpu":
+                progress = _SharingTheCpu(progress)
+            progress.stage("generating")
+            request = PairRequest(n_pairs, policy.id, versus_share=versus_share, sampling=sampling,
+                                  seed=config.pairs.seed, batch_size=config.pairs.batch_size)
+            report = queue_pairs(store, request, votes, judge=judge, model=model, progress=progress)
         except ModelNotFoundError as error:
             print(f"app.py --generate-pairs: {error}", file=sys.stderr)
             return 2

@@ -1,31 +1,88 @@
-"""Pairs for annotation, around the answers: which prompts get pairs next, which answers make a pair worth a vote, and
-what a batch of pair making reports. No torch here: `loop.pairs` asks a policy for the answers.
+"""A batch of pairs for annotation, around the answers: what it is asked to be (`PairRequest`), what it tells as it goes
+(`PairProgress`), which answers make a pair worth a vote, and what it reports at its end (`PairsReport`). No torch
+here: `loop.pairs` asks a policy for the answers.
 
-Two kinds of pair (DESIGN "Data model"): `sample`, two answers of the current policy to one prompt (what the reward
-model learns from), and `versus`, the current policy against an earlier one on the same prompt (gen_a is always the
-newer policy's answer, the store's convention), whose votes measure progress by human judgement.
+Two kinds of pair (docs/design.md, "Data model"): `sample`, two answers of the current policy to one prompt (what the
+reward model learns from), and `versus`, the current policy against an earlier one on the same prompt (gen_a is
+always the newer policy's answer, the store's convention), whose votes measure progress by human judgement.
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from annotate.records import Policy, Prompt
+from tqdm.auto import tqdm
 
-PairsProgress = Callable[[int, int], None]
-"""Called as progress(prompts_done, prompts_total) as each prompt's pair is stored or skipped (each prompt gives at
-most one pair); the same type counts answers, answers(answers_done, answers_planned), as each answer ends."""
+from annotate.records import Policy
+from rlhf.sampling import DEFAULT_BATCH_SIZE, Sampling
+
+
+@dataclass(frozen=True)
+class PairRequest:
+    """What a batch of pairs is to be."""
+
+    n_pairs: int
+    """Pairs to write at most (fewer when answers are identical or empty, or the store holds fewer prompts: one pair
+    a prompt a batch)."""
+    policy_id: int
+    """The policy that writes the answers (side a of a versus pair)."""
+    versus_share: float = 0.0
+    """Share of the pairs that put it against an earlier policy (the rest are sample pairs: two of its answers)."""
+    versus_policy_id: int | None = None
+    """The earlier policy of the versus pairs; None: `earlier_policy`."""
+    sampling: Sampling = field(default_factory=Sampling)
+    """How each answer is sampled ([sampling])."""
+    seed: int | None = None
+    """Fixes the choice of versus prompts, the sides and the sampling; None: not seeded."""
+    batch_size: int = DEFAULT_BATCH_SIZE
+    """Sequences generated together ([pairs] batch_size)."""
+    exclude_prompts: frozenset[str] = frozenset()
+    """Prompts that get no pair (the demo's evaluation prompts)."""
+
+    def __post_init__(self) -> None:
+        if self.n_pairs < 0:
+            raise ValueError(f"n_pairs must not be negative, got {self.n_pairs}")
+        if not 0.0 <= self.versus_share <= 1.0:
+            raise ValueError(f"versus_share must lie between 0 and 1, got {self.versus_share}")
+
+
+class PairProgress:
+    """What pair making tells as it goes; every method does nothing here, and each caller overrides what it shows: a
+    terminal bar (`PairBar`), the app child's lines (loop.children.pair_child.ChildLines), a test's record."""
+
+    def stage(self, text: str) -> None:
+        """What is being done now ("loading the model", "generating")."""
+
+    def pairs(self, done: int, total: int, written: int) -> None:
+        """Prompts done of the batch (each gives at most one pair, stored before it counts), `written` pairs so far."""
+
+    def answers(self, done: int, planned: int) -> None:
+        """Answers finished so far: they move long before the first pair is complete."""
+
+    def step(self, step: int, most: int) -> None:
+        """The batch being decoded wrote its token `step` of at most `most`."""
+
+
+class PairBar(PairProgress):
+    """A terminal progress bar of the prompts done (tqdm), with the pairs written."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def pairs(self, done: int, total: int, written: int) -> None:
+        if self.bar is None:
+            self.bar = tqdm(total=total, desc="making pairs", unit="prompt")
+        self.bar.update(done - self.bar.n)
+        self.bar.set_postfix(written=written)
+        if done >= total:
+            self.bar.close()
 
 
 PairChooser = Callable[[list[str], list[list[str]], int, int], tuple[list[tuple[int, int, int]], int]]
 """chooser(prompts, answers_per_prompt, n, seed) -> ([(prompt_index, answer_i, answer_j), ...] in queue order,
 how many of them were chosen for uncertainty rather than at random: those come first, the random ones after (each
 stored pair records which, pairs.chosen_by); see rlhf.reward.active.choose_pairs."""
-
-
-PROMPT_SELECTIONS = ("least_used", "random")
 
 
 @dataclass
@@ -56,17 +113,6 @@ def earlier_policy(store, policy: Policy) -> Policy | None:
         return store.policy(policy.parent_id)
     earlier = [p for p in store.policies() if p.round < policy.round]
     return max(earlier, key=lambda p: (p.round, p.id)) if earlier else None
-
-
-def select_prompts(store, n: int, how: str, rng: random.Random, exclude: frozenset[str] = frozenset()) -> list[Prompt]:
-    """n prompts: those with the fewest pairs first (oldest among equals), or a seeded random draw; none whose text is
-    in `exclude`."""
-    if how == "least_used":
-        return store.prompts_needing_pairs(n, exclude)
-    if how == "random":
-        prompts = [prompt for prompt in store.prompts() if prompt.text not in exclude]
-        return rng.sample(prompts, min(n, len(prompts)))
-    raise ValueError(f"prompt_selection must be one of {', '.join(PROMPT_SELECTIONS)}, not {how!r}")
 
 
 def usable(a, b, report: PairsReport) -> bool:

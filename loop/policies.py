@@ -4,12 +4,21 @@ the judge of which pairs to ask about, and a policy's answers to a list of promp
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, NamedTuple
 
-from rlhf.generate import AnswerSampling, generate_answers
+from rlhf.generate import generate_answers
 from rlhf.reward.strategies import HEADS_FILE, VotesConfig
+from rlhf.sampling import DEFAULT_BATCH_SIZE, Sampling
 
 
-def load_policy_model(path: str):
+class PolicyModel(NamedTuple):
+    """A policy loaded to answer: its causal LM and tokenizer."""
+
+    model: Any
+    tokenizer: Any
+
+
+def load_policy_model(path: str) -> PolicyModel:
     """Model and tokenizer of a policy, on the GPU when there is one, in bf16 where the hardware has it."""
     import torch
 
@@ -18,15 +27,12 @@ def load_policy_model(path: str):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(path)
     model = load_causal_lm(path, dtype=default_dtype(device), tokenizer=tokenizer).to(device)
-    return model, tokenizer
+    return PolicyModel(model, tokenizer)
 
 
-def model_and_tokenizer(model_path_or_model, tokenizer):
-    """A loaded model as given, or the policy at a path loaded once (its tokenizer unless one is given)."""
-    if isinstance(model_path_or_model, str) or hasattr(model_path_or_model, "__fspath__"):
-        model, loaded_tokenizer = load_policy_model(str(model_path_or_model))
-        return model, tokenizer or loaded_tokenizer
-    return model_path_or_model, tokenizer
+def policy_model(store, policy_id: int, loaded: PolicyModel | None = None) -> PolicyModel:
+    """`loaded` when given, else policy `policy_id` loaded from its recorded path."""
+    return loaded if loaded is not None else load_policy_model(store.policy(policy_id).path)
 
 
 def has_heads(path: str | None) -> bool:
@@ -51,8 +57,11 @@ def load_pair_judge(path: str | None, votes: VotesConfig):
     return TrainedPreferenceModel.load(path)
 
 
-def policy_answers(policy_path: str, prompts: list[str], sampling: AnswerSampling, per_prompt: int) -> list[str]:
-    """`per_prompt` sampled answers to each prompt, prompt by prompt (each prompt `per_prompt` times in a row)."""
+def policy_answers(policy_path: str, prompts: list[str], sampling: Sampling, per_prompt: int, seed: int | None = None,
+                   batch_size: int = DEFAULT_BATCH_SIZE) -> list[str]:
+    """`per_prompt` sampled answers to each prompt, prompt by prompt (each prompt `per_prompt` times in a row); `seed`
+    as in rlhf.generate.generate_answers."""
     model, tokenizer = load_policy_model(policy_path)
-    generated = generate_answers(model, tokenizer, prompts, n_per_prompt=per_prompt, sampling=sampling)
+    generated = generate_answers(model, tokenizer, prompts, n_per_prompt=per_prompt, sampling=sampling, seed=seed,
+                                 batch_size=batch_size)
     return [answer.text for answers in generated.answers for answer in answers]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from annotate.store import Store
 from loop.checks import RoundRefused, check_accuracy
-from loop.config import TrainingConfig, function_ppo_settings, ppo_settings, strategy_settings
+from loop.config import LoopConfig, function_ppo_settings, ppo_settings, strategy_settings
 from loop.round_lock import RoundBusy, RoundLock
 from loop.round_plan import Log, RoundPlan, plan_round
 from rlhf.distributed import broadcast_from_main, is_main_process, wait_for_everyone
@@ -49,7 +49,7 @@ def _silent(message: str) -> None:
     """The log of the processes other than the main one."""
 
 
-def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log: Log = print,
+def run_round(db_path: str | Path, base_model: str, config: LoopConfig, log: Log = print,
               exclude_prompts: set[str] | None = None,
               reward_function: RewardFunction | None = None,
               ceiling_reward: RewardFunction | None = None) -> RoundResult:
@@ -120,7 +120,7 @@ def run_round(db_path: str | Path, base_model: str, config: TrainingConfig, log:
     return RoundResult(round_id=plan.round_id, policy_id=policy_id, metrics=metrics)
 
 
-def _reward_stage(plan: RoundPlan, base_model: str, config: TrainingConfig, record, log: Log) -> str:
+def _reward_stage(plan: RoundPlan, base_model: str, config: LoopConfig, record, log: Log) -> str:
     """Step 3: train the reward model on every preference with the strategy the vote count calls for
     (rlhf.reward.strategies), then refuse PPO on a model that cannot be told from chance."""
     from rlhf.reward.data import PreferencePair
@@ -151,12 +151,12 @@ def _reward_stage(plan: RoundPlan, base_model: str, config: TrainingConfig, reco
     return str(out_dir)
 
 
-def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record, log: Log, store,
+def _ppo_stage(plan: RoundPlan, reward_path: str, config: LoopConfig, record, log: Log, store,
                reward_function: RewardFunction | None = None) -> int | None:
     """Steps 4-5: PPO from the last policy against the first (rewarded by the reward model, or by `reward_function`
     with its scores normalised: function_ppo_settings), then save and record the new policy."""
     from rlhf.ppo.model_card import write_model_card
-    from rlhf.ppo.train import reward_label, sampling_settings, summarise_ppo, train_ppo
+    from rlhf.ppo.train import reward_label, summarise_ppo, train_ppo
 
     record({"round/stage": "ppo"})
     ppo_config = ppo_settings(config, reward_path, plan.round_id)
@@ -176,14 +176,13 @@ def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record
 
     staging = Path(plan.out_dir) / ".policy-staging"
     result = train_ppo(plan.actor_path, reward_path, plan.ppo_prompts, ppo_config, staging,
-                       reference_path=plan.reference_path, critic_path=reward_path, on_step=on_step,
-                       reward_function=reward_function)
+                       reference_path=plan.reference_path, on_step=on_step, reward_function=reward_function)
     policy_id = None
     if is_main_process():
         summary = summarise_ppo(result.history)
         # the round's card over train_ppo's, before the rename: a published policy folder always has one
         write_model_card(staging, plan.reference_path, round_number=plan.policy_round, n_pairs=len(plan.preferences),
-                         n_votes=store.count_votes_since(None), sampling=sampling_settings(ppo_config),
+                         n_votes=store.count_votes_since(None), sampling=ppo_config.sampling,
                          metrics={**store.round(plan.round_id).metrics, **summary},
                          reward_model=reward_label(reward_path, reward_function))
         target = _publish(staging, Path(plan.out_dir) / "policy")
@@ -193,7 +192,7 @@ def _ppo_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record
     return broadcast_from_main(policy_id)
 
 
-def _ceiling_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, record, log: Log,
+def _ceiling_stage(plan: RoundPlan, reward_path: str, config: LoopConfig, record, log: Log,
                    reward_function: RewardFunction) -> None:
     """PPO once more from the round's starting policy, rewarded by `reward_function` (the demo's oracle) with the
     settings and seed of the round's own PPO (function_ppo_settings), the critic again from the round's reward model:
@@ -209,7 +208,7 @@ def _ceiling_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, re
         "rewarded by the annotator's own score.")
     staging = Path(plan.out_dir) / ".ceiling-staging"
     result = train_ppo(plan.actor_path, reward_path, plan.ppo_prompts, ppo_config, staging,
-                       reference_path=plan.reference_path, critic_path=reward_path, reward_function=reward_function)
+                       reference_path=plan.reference_path, reward_function=reward_function)
     if is_main_process():
         target = _publish(staging, Path(plan.out_dir) / "ceiling-policy")
         summary = summarise_ppo(result.history)
@@ -219,24 +218,25 @@ def _ceiling_stage(plan: RoundPlan, reward_path: str, config: TrainingConfig, re
     wait_for_everyone()
 
 
-def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: TrainingConfig, log: Log,
+def _pairs_stage(store: Store, plan: RoundPlan, policy_id: int, config: LoopConfig, log: Log,
                  reward_path: str | None = None, record=None,
                  exclude_prompts: frozenset[str] = frozenset()) -> int:
     """Step 6: the next batch of pairs from the new policy: a share against an earlier policy, the sample pairs
     chosen where the reward model's bootstrap heads disagree most (over-sampled answers), plus a random share; none
     for the prompts kept out of the round (the demo's evaluation prompts)."""
+    from loop.pair_request import PairBar, PairRequest
     from loop.pairs import queue_pairs
-    from loop.policies import load_pair_judge, load_policy_model
+    from loop.policies import load_pair_judge
 
     earlier = plan.actor_policy_id
     n_pairs = config.round.next_pairs
     log(f"Round {plan.round_id}: generating {n_pairs} pairs from policy {policy_id} "
         f"({config.round.versus_share:.0%} against policy {earlier}).")
     judge = load_pair_judge(reward_path, config.votes)
-    model, tokenizer = load_policy_model(store.policy(policy_id).path)
-    report = queue_pairs(store, model, tokenizer, n_pairs, policy_id, config.votes, judge=judge,
-                         versus_share=config.round.versus_share, versus_policy_id=earlier, sampling=config.sampling,
-                         seed=config.round.seed + plan.round_id, show_bar=True, exclude_prompts=exclude_prompts)
+    request = PairRequest(n_pairs, policy_id, versus_share=config.round.versus_share, versus_policy_id=earlier,
+                          sampling=config.sampling, seed=config.round.seed + plan.round_id,
+                          batch_size=config.pairs.batch_size, exclude_prompts=exclude_prompts)
+    report = queue_pairs(store, request, config.votes, judge=judge, progress=PairBar())
     if judge is not None:
         share = min(report.stats.get("active/uncertain", 0.0) / max(report.sample, 1), 1.0)
         if record is not None:

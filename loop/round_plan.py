@@ -12,7 +12,7 @@ from typing import Callable
 from annotate.store import Store
 from loop.checks import RoundRefused
 from loop.children.liveness import process_is_alive
-from loop.config import TrainingConfig
+from loop.config import LoopConfig
 
 Log = Callable[[str], None]
 
@@ -67,7 +67,7 @@ def _crashed_work(store: Store, n_preferences: int) -> tuple[str | None, int | N
     return None, None
 
 
-def plan_round(store: Store, base_model: str, config: TrainingConfig, exclude_prompts: set[str] | None = None,
+def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompts: set[str] | None = None,
                log: Log = print) -> RoundPlan:
     """Steps 1-2 on the main process: stale rounds, preference set, refusal on too few new pairs, a round row."""
     stale = store.mark_stale_rounds_failed(process_is_alive)

@@ -27,7 +27,8 @@ import torch
 from transformers import DynamicCache
 
 from rlhf.models import cache_argument
-from rlhf.warping import candidate_logits
+from rlhf.sampling import Sampling
+from rlhf.warping import candidate_logits, repetition_penalised
 
 Tensor = torch.Tensor
 RowEndCallback = Callable[[int, Tensor], None]
@@ -37,30 +38,23 @@ StepCallback = Callable[[int], None]
 
 
 @dataclass(frozen=True)
-class Decoding:
-    """How each next token is chosen, in transformers' order: EOS held back before min_new_tokens, the repetition
-    penalty on the answer's tokens, then temperature, top-k and top-p."""
+class EndTokens:
+    """Which tokens end an answer and what fills a row after its end (rlhf.generate.end_tokens finds them)."""
 
-    max_new_tokens: int
-    """Tokens written at most per answer."""
     eos_ids: tuple[int, ...]
     """Every id that ends an answer."""
     pad_id: int
     """Written after a row's EOS."""
-    temperature: float = 1.0
-    """Logits are divided by it; 0 or less: greedy (the most likely token, nothing sampled)."""
-    top_k: int = 0
-    """Only the k most likely tokens may be sampled; 0 = off."""
-    top_p: float = 1.0
-    """Only the nucleus of this probability may be sampled; 1.0 = off."""
-    repetition_penalty: float = 1.0
-    """CTRL's penalty on tokens already in the answer (not the prompt's); 1.0 = off."""
-    min_new_tokens: int = 0
-    """EOS cannot be written before this many tokens."""
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0
+
+@dataclass(frozen=True)
+class DecodeHooks:
+    """What `decode` calls as it goes; both optional, neither changes what is sampled."""
+
+    row_end: RowEndCallback | None = None
+    """row_end(row, tokens) when row `row` writes its first EOS, with its (T,) tokens before the EOS."""
+    step: StepCallback | None = None
+    """step(n) after each decoding step (1 after the first new token)."""
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -78,18 +72,17 @@ def penalise_repeats(logits: Tensor, answer_tokens: Tensor, penalty: float) -> T
     (B, V) logits, (B, t) tokens written so far -> (B, V)."""
     if penalty == 1.0 or answer_tokens.shape[1] == 0:
         return logits
-    seen = torch.gather(logits, 1, answer_tokens)  # (B, t)
-    seen = torch.where(seen < 0, seen * penalty, seen / penalty)
+    seen = repetition_penalised(torch.gather(logits, 1, answer_tokens), penalty)  # (B, t)
     return logits.scatter(1, answer_tokens, seen)  # (B, V)
 
 
-def next_token_logits(logits: Tensor, answer_tokens: Tensor, decoding: Decoding) -> Tensor:
+def next_token_logits(logits: Tensor, answer_tokens: Tensor, sampling: Sampling, eos_ids: tuple[int, ...]) -> Tensor:
     """The step's logits after the processors that come before the warpers: EOS to -inf while fewer than
     min_new_tokens are written, then the repetition penalty.  (B, V) fp32, (B, t) -> (B, V)"""
-    if answer_tokens.shape[1] < decoding.min_new_tokens and decoding.eos_ids:
+    if answer_tokens.shape[1] < sampling.min_new_tokens and eos_ids:
         logits = logits.clone()
-        logits[:, list(decoding.eos_ids)] = float("-inf")
-    return penalise_repeats(logits, answer_tokens, decoding.repetition_penalty)
+        logits[:, list(eos_ids)] = float("-inf")
+    return penalise_repeats(logits, answer_tokens, sampling.repetition_penalty)
 
 
 def race(probs: Tensor) -> Tensor:
@@ -100,13 +93,13 @@ def race(probs: Tensor) -> Tensor:
     return (probs / waits).argmax(dim=-1)
 
 
-def choose_tokens(logits: Tensor, decoding: Decoding, with_log_probs: bool = False) -> tuple[Tensor, Tensor | None]:
+def choose_tokens(logits: Tensor, sampling: Sampling, with_log_probs: bool = False) -> tuple[Tensor, Tensor | None]:
     """The next token of every row, greedy or drawn from the tempered top-k / top-p distribution, and, when asked,
     its log-prob under that distribution (0 when greedy: nothing is drawn). (B, V) -> (B,), (B,) or None"""
-    if decoding.greedy:
+    if sampling.greedy:
         tokens = logits.argmax(dim=-1)
         return tokens, torch.zeros(tokens.shape, device=logits.device) if with_log_probs else None
-    values, ids = candidate_logits(logits / decoding.temperature, decoding.top_k, decoding.top_p)  # (B, K) each
+    values, ids = candidate_logits(logits / sampling.temperature, sampling.top_k, sampling.top_p)  # (B, K) each
     probs = (values - values.amax(dim=-1, keepdim=True)).exp()  # (B, K), 0 where removed
     pick = race(probs).unsqueeze(1)  # (B, 1) index among the candidates
     log_probs = values.log_softmax(dim=-1).gather(1, pick).squeeze(1) if with_log_probs else None
@@ -134,12 +127,12 @@ class Decoded:
 
 
 @torch.no_grad()
-def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, decoding: Decoding, n_per_prompt: int = 1,
-           on_row_end: RowEndCallback | None = None, on_step: StepCallback | None = None,
-           with_log_probs: bool = False) -> Decoded:
-    """Sample `n_per_prompt` answers to every left-padded (Bp, P) prompt; B = Bp * n_per_prompt rows, rows
-    i*n ... i*n + n-1 answer prompt i. Uses the caller's random state; the model is not switched to eval mode here
-    (callers do). `with_log_probs` records each drawn token's log-prob (what the tests compare PPO's with).
+def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling, ends: EndTokens,
+           n_per_prompt: int = 1, hooks: DecodeHooks = DecodeHooks(), with_log_probs: bool = False) -> Decoded:
+    """Sample `n_per_prompt` answers to every left-padded (Bp, P) prompt with `sampling` and nothing else; B =
+    Bp * n_per_prompt rows, rows i*n ... i*n + n-1 answer prompt i. Uses the caller's random state; the model is not
+    switched to eval mode here (callers do). `with_log_probs` records each drawn token's log-prob (what the tests
+    compare PPO's with).
     """
     device = prompt_ids.device
     width = prompt_ids.shape[1]
@@ -152,33 +145,33 @@ def decode(model, prompt_ids: Tensor, prompt_mask: Tensor, decoding: Decoding, n
         cache.batch_repeat_interleave(n_per_prompt)
         logits, mask, next_position = (t.repeat_interleave(n_per_prompt, dim=0) for t in (logits, mask, next_position))
     n_rows = logits.shape[0]
-    response = torch.full((n_rows, decoding.max_new_tokens), decoding.pad_id, dtype=torch.long, device=device)
+    response = torch.full((n_rows, sampling.max_new_tokens), ends.pad_id, dtype=torch.long, device=device)
     ended = torch.zeros(n_rows, dtype=torch.bool, device=device)
     drawn_log_probs = torch.zeros(response.shape, device=device) if with_log_probs else None  # (B, max_new_tokens)
-    eos = torch.tensor(decoding.eos_ids, dtype=torch.long, device=device)
+    eos = torch.tensor(ends.eos_ids, dtype=torch.long, device=device)
     live = torch.arange(n_rows, device=device)  # the original row of each row still in the batch
     steps = 0
-    for step in range(decoding.max_new_tokens):
-        tokens, log_probs = choose_tokens(next_token_logits(logits, response[live, :step], decoding), decoding,
-                                          with_log_probs)  # (b,), (b,) or None
+    for step in range(sampling.max_new_tokens):
+        tokens, log_probs = choose_tokens(next_token_logits(logits, response[live, :step], sampling, ends.eos_ids),
+                                          sampling, with_log_probs)  # (b,), (b,) or None
         response[live, step] = tokens
         if drawn_log_probs is not None:
             drawn_log_probs[live, step] = log_probs
         steps = step + 1
         finished = torch.isin(tokens, eos)  # (b,)
-        if on_step is not None:
-            on_step(steps)
+        if hooks.step is not None:
+            hooks.step(steps)
         if bool(finished.any()):
             for row in live[finished].tolist():
                 ended[row] = True
-                if on_row_end is not None:
-                    on_row_end(row, response[row, :step])
+                if hooks.row_end is not None:
+                    hooks.row_end(row, response[row, :step])
             if bool(finished.all()):
                 break
             keep = (~finished).nonzero().squeeze(1)  # (b',)
             cache.batch_select_indices(keep)
             live, tokens, mask, next_position = live[keep], tokens[keep], mask[keep], next_position[keep]
-        if steps == decoding.max_new_tokens:
+        if steps == sampling.max_new_tokens:
             break
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)  # (b, P + steps)
         logits = _forward(model, tokens.unsqueeze(1), mask, next_position.unsqueeze(1), cache_kwarg, width + step)

@@ -2,45 +2,22 @@
 
 Two layers: `generate_tokens` returns the token tensors (prompt, response, masks) that PPO's experience phase
 needs; `generate_answers` decodes them into `Answer`s (text, n_tokens, finish_reason) for pairs shown to people.
-Pairs are whole answers (DESIGN "The round"), so the defaults stop at EOS with a generous limit and a moderate
-temperature. Measured with `bench/finish_rate.py` on the default model (2 answers per prompt, temperature 0.7,
-top-p 0.95), the share of answers that end with EOS within a limit of N tokens:
-
-    N =                                             128    256    384    512
-    shipped prompts (first 16 of data/prompts.jsonl)
-      no repetition penalty                          0%    12%    50%    84%
-      penalty 1.1 on the answer's tokens             9%    38%    84%   100%   <- the defaults: 512, 1.1
-    16 short everyday questions (--prompts everyday)
-      no repetition penalty                         31%    59%    75%    81%
-      penalty 1.1 on the answer's tokens            44%    91%    94%
-      penalty 1.2 on the answer's tokens            62%    84%    91%          (drifts into gibberish)
-
-The shipped prompts ask for advice, and the model answers at length (median 271 tokens, longest 473). Without
-a penalty most answers that never end are loops ("A moment to pause, a moment to pause, ...") that no limit
-ends. Counting the prompt's tokens in the penalty (transformers' plain `repetition_penalty`) also penalises the
-chat template's EOS and the prompt's own words: 81% instead of 91% on the everyday questions at 256.
+Pairs are whole answers, so [sampling]'s defaults stop at EOS with a generous limit, a moderate temperature and a
+repetition penalty on the answer's tokens; the finish rates that chose them are in docs/benchmarks.md ("Whole
+answers").
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 
-from rlhf.decode import Decoding, decode
+from rlhf.decode import DecodeHooks, EndTokens, decode
 from rlhf.models import fit_prompts, format_prompt, prompt_budget
-from rlhf.sampling import AnswerSampling
-
-ProgressCallback = Callable[[int, int], None]
-"""Called as progress(done, total) each time an answer is finished (answers finished so far, answers planned)."""
-RowEndCallback = Callable[[int, torch.Tensor], None]
-"""Called as on_row_end(row, tokens) when row `row` of a batch writes its first EOS, with its (T,) tokens before it."""
-AnswerCallback = Callable[[int, int, "Answer"], None]
-"""Called as on_answer(prompt_index, sample_index, answer) as soon as that answer is finished."""
-
+from rlhf.sampling import DEFAULT_BATCH_SIZE, Sampling
 
 @dataclass(frozen=True)
 class Answer:
@@ -88,12 +65,46 @@ class GeneratedAnswers:
     """gen/tokens_per_s, time/generate_s, gen/answers, gen/finished_share, gen/mean_tokens."""
 
 
+class AnswerWatch:
+    """What `generate_answers` tells as it goes; every method does nothing here, and a caller overrides what it needs.
+    Nothing it is told changes what is sampled."""
+
+    def answer(self, prompt_index: int, sample_index: int, answer: Answer, done: int, total: int) -> None:
+        """Sample `sample_index` of prompt `prompt_index` is finished (during decoding when it ends with EOS, at the end
+        of its batch when it reaches max_new_tokens): the `done`-th of `total` answers."""
+
+    def step(self, step: int, most: int) -> None:
+        """The batch being decoded wrote its token `step` of at most `most` (a batch ends at EOS in every row or at
+        max_new_tokens)."""
+
+
+class AnswerBar(AnswerWatch):
+    """A terminal progress bar of finished answers (tqdm)."""
+
+    def __init__(self, desc: str = "generating answers"):
+        self.desc, self.bar = desc, None
+
+    def answer(self, prompt_index: int, sample_index: int, answer: Answer, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = tqdm(total=total, desc=self.desc, unit="answer")
+        self.bar.update(done - self.bar.n)
+        if done == total:
+            self.bar.close()
+
+
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every token id that ends an answer: the tokenizer's EOS and the model's generation-config EOS (may be a list)."""
     ids = {tokenizer.eos_token_id}
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids.update(configured if isinstance(configured, (list, tuple)) else [configured])
     return sorted(i for i in ids if i is not None)
+
+
+def end_tokens(model, tokenizer) -> EndTokens:
+    """Every id that ends an answer (`eos_token_ids`) and the pad written after it: the tokenizer's, else the first
+    EOS."""
+    eos_ids = eos_token_ids(model, tokenizer)
+    return EndTokens(tuple(eos_ids), tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0])
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
@@ -130,32 +141,21 @@ def response_mask_until_eos(response_ids: torch.Tensor, eos_ids: list[int]) -> t
     return (eos_before == 0).long(), is_eos.any(dim=1)
 
 
-def answer_decoding(sampling: AnswerSampling, eos_ids: list[int], pad_id: int) -> Decoding:
-    """[sampling]'s settings and nothing else (nothing from the model's generation_config.json): top_k 0 is off,
-    the repetition penalty counts the answer's tokens only."""
-    return Decoding(max_new_tokens=sampling.max_new_tokens, eos_ids=tuple(eos_ids), pad_id=pad_id,
-                    temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                    repetition_penalty=float(sampling.repetition_penalty))
-
-
 @torch.no_grad()
-def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], sampling: AnswerSampling,
-                    on_row_end: RowEndCallback | None = None,
-                    on_step: Callable[[int], None] | None = None, n_per_prompt: int = 1) -> TokenBatch:
-    """Generate `n_per_prompt` responses per prompt in one left-padded batch (rlhf.decode; no seeding here: see
-    generate_answers); rows i*n ... i*n + n-1 answer prompt i, and share its KV. `on_row_end(row, tokens)` is called
-    during decoding as each row ends with EOS, `on_step(step)` after each step.
+def generate_tokens(model, tokenizer, prompt_token_ids: list[list[int]], sampling: Sampling, n_per_prompt: int = 1,
+                    hooks: DecodeHooks = DecodeHooks()) -> TokenBatch:
+    """Generate `n_per_prompt` responses per prompt in one left-padded batch with `sampling` alone (rlhf.decode; no
+    seeding here: see generate_answers); rows i*n ... i*n + n-1 answer prompt i, and share its KV. `hooks` are called
+    during decoding (a row's end, each step).
 
     no_grad rather than inference_mode: PPO feeds these tensors to forward passes that build a graph, which
     inference tensors refuse. generate_answers, which only decodes, runs under inference_mode.
     """
-    eos_ids = eos_token_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    ends = end_tokens(model, tokenizer)
     device = next(model.parameters()).device
-    prompt_ids, prompt_mask = (t.to(device) for t in pad_sequences(prompt_token_ids, pad_id))  # (Bp, P) left-padded
-    decoded = decode(model, prompt_ids, prompt_mask, answer_decoding(sampling, eos_ids, pad_id), n_per_prompt,
-                     on_row_end=on_row_end, on_step=on_step)
-    response_mask, _ = response_mask_until_eos(decoded.response, eos_ids)  # (B, T)
+    prompt_ids, prompt_mask = (t.to(device) for t in pad_sequences(prompt_token_ids, ends.pad_id))  # (Bp, P) left
+    decoded = decode(model, prompt_ids, prompt_mask, sampling, ends, n_per_prompt, hooks=hooks)
+    response_mask, _ = response_mask_until_eos(decoded.response, list(ends.eos_ids))  # (B, T)
     rows = torch.arange(len(prompt_token_ids), device=device).repeat_interleave(n_per_prompt)  # (B,)
     return TokenBatch(prompt_ids[rows], prompt_mask[rows], decoded.response, response_mask, decoded.ended)
 
@@ -166,98 +166,93 @@ def decode_answer(tokenizer, tokens: list[int], ended: bool) -> Answer:
     return Answer(text=text, n_tokens=len(tokens), finish_reason="stop" if ended else "length")
 
 
-def decode_answers(tokenizer, batch: TokenBatch) -> list[Answer]:
-    """Answers of a TokenBatch: text without special tokens, EOS not counted in n_tokens."""
+def decode_answers(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor,
+                   ended: torch.Tensor) -> list[Answer]:
+    """The answers of a batch of (B, T) responses, the mask 1 up to and including each row's first EOS, (B,) `ended`
+    whether it ended with EOS: text without special tokens, EOS not counted in n_tokens. The one way responses become
+    what people, judges and a reward function read."""
     answers = []
-    for row in range(batch.response_ids.shape[0]):
-        ended = bool(batch.ended[row])
-        n_tokens = int(batch.response_mask[row].sum()) - int(ended)
-        answers.append(decode_answer(tokenizer, batch.response_ids[row, :n_tokens].tolist(), ended))
+    for row in range(response_ids.shape[0]):
+        row_ended = bool(ended[row])
+        n_tokens = int(response_mask[row].sum()) - int(row_ended)
+        answers.append(decode_answer(tokenizer, response_ids[row, :n_tokens].tolist(), row_ended))
     return answers
 
 
 @torch.inference_mode()
-def generate_answers(
-    model,
-    tokenizer,
-    prompts: list[str],
-    n_per_prompt: int = 2,
-    sampling: AnswerSampling | None = None,
-    progress: ProgressCallback | None = None,
-    show_bar: bool = False,
-    on_answer: AnswerCallback | None = None,
-    steps: ProgressCallback | None = None,
-) -> GeneratedAnswers:
-    """Sample `n_per_prompt` whole answers for every prompt, in batches of about `sampling.batch_size` sequences:
+def generate_answers(model, tokenizer, prompts: list[str], n_per_prompt: int = 2, sampling: Sampling | None = None,
+                     seed: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+                     watch: AnswerWatch | None = None) -> GeneratedAnswers:
+    """Sample `n_per_prompt` whole answers for every prompt, in batches of about `batch_size` sequences:
     batch_size // n_per_prompt prompts (at least one), whose KV is computed once for all their answers.
 
-    Prompts are grouped by length so that batches carry little padding; the result keeps the prompts' order. The model is switched to eval mode (no dropout) and back afterwards. Each answer is handed to
-    `on_answer(prompt_index, sample_index, answer)` and counted in `progress(done, total)` as soon as it is finished:
-    during decoding when it ends with EOS, at the end of its batch when it reaches max_new_tokens.
-    `steps(step, max_new_tokens)` follows each decoding step of the batch being generated (a batch ends at EOS in
-    every row or at max_new_tokens). The callbacks change nothing that is sampled.
+    Prompts are grouped by length so that batches carry little padding; the result keeps the prompts' order. `seed`
+    seeds the sampling on a forked random state (the caller's is left alone); None: not seeded. The model is switched
+    to eval mode (no dropout) and back afterwards. `watch` hears of each answer as soon as it is finished and of each
+    decoding step.
     """
-    sampling = sampling or AnswerSampling()
-    if n_per_prompt < 1:
-        raise ValueError(f"n_per_prompt must be at least 1, got {n_per_prompt}")
-    if sampling.batch_size < 1 or sampling.max_new_tokens < 1:
-        raise ValueError(f"batch_size and max_new_tokens must be at least 1, got {sampling}")
+    sampling = sampling or Sampling()
+    if n_per_prompt < 1 or batch_size < 1:
+        raise ValueError(f"n_per_prompt and batch_size must be at least 1, got {n_per_prompt} and {batch_size}")
     encoded = [encode_prompt(tokenizer, prompt) for prompt in prompts]
     # before any answer: refuse a max_new_tokens the context cannot hold, cut prompts that would overflow it
     encoded = fit_prompts(encoded, prompt_budget(model.config, sampling.max_new_tokens))
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))  # similar lengths together: little padding
-    per_batch = max(1, sampling.batch_size // n_per_prompt)  # prompts a batch; each gives n_per_prompt rows
-    total = len(prompts) * n_per_prompt
-    results: list[list[Answer | None]] = [[None] * n_per_prompt for _ in prompts]
-
+    per_batch = max(1, batch_size // n_per_prompt)  # prompts a batch; each gives n_per_prompt rows
+    run = _AnswerRun(tokenizer, [[None] * n_per_prompt for _ in prompts], len(prompts) * n_per_prompt,
+                     watch or AnswerWatch())
     was_training = model.training
     model.eval()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    bar = tqdm(total=total, desc="generating answers", unit="answer", disable=not show_bar)
-    generated_tokens, started, finished = 0, time.perf_counter(), 0
-
-    def finish(job: tuple[int, int], answer: Answer) -> None:
-        nonlocal finished
-        finished += 1
-        bar.update(1)
-        if on_answer is not None:
-            on_answer(job[0], job[1], answer)
-        if progress is not None:
-            progress(finished, total)
-
+    started = time.perf_counter()
     try:
-        with torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None):
-            if sampling.seed is not None:
-                torch.manual_seed(sampling.seed)
+        with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
             for start in range(0, len(order), per_batch):
-                chunk = [(i, j) for i in order[start:start + per_batch] for j in range(n_per_prompt)]  # row -> job
-                early: set[int] = set()
-
-                def row_end(row: int, tokens: torch.Tensor, chunk=chunk, early=early) -> None:
-                    early.add(row)
-                    finish(chunk[row], decode_answer(tokenizer, tokens.tolist(), ended=True))
-
-                watch = on_answer is not None or progress is not None or show_bar
-                on_step = None if steps is None else (lambda step: steps(step, sampling.max_new_tokens))
-                batch = generate_tokens(model, tokenizer, [encoded[i] for i in order[start:start + per_batch]],
-                                        sampling, on_row_end=row_end if watch else None, on_step=on_step,
-                                        n_per_prompt=n_per_prompt)
-                for row, ((i, j), answer) in enumerate(zip(chunk, decode_answers(tokenizer, batch))):
-                    results[i][j] = answer
-                    if row not in early:
-                        finish((i, j), answer)
-                generated_tokens += int(batch.response_mask.sum())
+                run.batch(model, [(i, encoded[i]) for i in order[start:start + per_batch]], n_per_prompt, sampling)
     finally:
-        bar.close()
         model.train(was_training)
+    return GeneratedAnswers(answers=run.results, stats=run.stats(time.perf_counter() - started))
 
-    seconds = time.perf_counter() - started
-    flat = [answer for row in results for answer in row]
-    stats = {
-        "gen/tokens_per_s": generated_tokens / seconds if seconds > 0 else 0.0,
-        "time/generate_s": seconds,
-        "gen/answers": float(len(flat)),
-        "gen/finished_share": sum(a.finish_reason == "stop" for a in flat) / len(flat) if flat else 0.0,
-        "gen/mean_tokens": sum(a.n_tokens for a in flat) / len(flat) if flat else 0.0,
-    }
-    return GeneratedAnswers(answers=results, stats=stats)
+
+class _AnswerRun:
+    """The answers of one generate_answers call as they come: each finished answer stored and told to the watch once
+    (when its row ends with EOS during decoding, else when its batch ends)."""
+
+    def __init__(self, tokenizer, results: list[list[Answer | None]], total: int, watch: AnswerWatch):
+        self.tokenizer, self.results, self.total, self.watch = tokenizer, results, total, watch
+        self.finished = self.generated_tokens = 0
+
+    def finish(self, job: tuple[int, int], answer: Answer) -> None:
+        self.finished += 1
+        self.results[job[0]][job[1]] = answer
+        self.watch.answer(job[0], job[1], answer, self.finished, self.total)
+
+    def batch(self, model, prompts: list[tuple[int, list[int]]], n_per_prompt: int, sampling: Sampling) -> None:
+        """Decode one batch of (prompt index, tokens)."""
+        jobs = [(i, j) for i, _ in prompts for j in range(n_per_prompt)]  # row -> (prompt, sample)
+        early: set[int] = set()
+
+        def row_end(row: int, tokens: torch.Tensor) -> None:
+            early.add(row)
+            self.finish(jobs[row], decode_answer(self.tokenizer, tokens.tolist(), ended=True))
+
+        hooks = DecodeHooks(row_end=row_end, step=lambda step: self.watch.step(step, sampling.max_new_tokens))
+        batch = generate_tokens(model, self.tokenizer, [tokens for _, tokens in prompts], sampling, n_per_prompt,
+                                hooks=hooks)
+        late = [row for row in range(len(jobs)) if row not in early]  # rows cut at max_new_tokens
+        answers = decode_answers(self.tokenizer, batch.response_ids[late], batch.response_mask[late], batch.ended[late])
+        for row, answer in zip(late, answers):
+            self.finish(jobs[row], answer)
+        self.generated_tokens += int(batch.response_mask.sum())
+
+    def stats(self, seconds: float) -> dict[str, float]:
+        flat = [answer for row in self.results for answer in row]
+        return {
+            "gen/tokens_per_s": self.generated_tokens / seconds if seconds > 0 else 0.0,
+            "time/generate_s": seconds,
+            "gen/answers": float(len(flat)),
+            "gen/finished_share": sum(a.finish_reason == "stop" for a in flat) / len(flat) if flat else 0.0,
+            "gen/mean_tokens": sum(a.n_tokens for a in flat) / len(flat) if flat else 0.0,
+        }

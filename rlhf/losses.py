@@ -10,7 +10,7 @@ result, even when they hold NaN. Losses are computed in at least float32 (DeepSp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -145,13 +145,20 @@ def bradley_terry_loss(score_diff: Tensor, margin: float | Tensor = 0.0, weight:
     return (weight * terms).sum() / weight.sum()
 
 
+class PairSide(NamedTuple):
+    """One side (the chosen or the rejected answers) of B pairs, as the pairwise loss reads it."""
+
+    values: Tensor
+    """(B, L) the reward model's value at every position."""
+    ids: Tensor
+    """(B, L) token ids (the divergence form compares them with the other side's)."""
+    mask: Tensor
+    """(B, L) attention mask, 1 on real tokens."""
+
+
 def pairwise_loss(
-    chosen_values: Tensor,
-    rejected_values: Tensor,
-    chosen_ids: Tensor,
-    rejected_ids: Tensor,
-    chosen_mask: Tensor,
-    rejected_mask: Tensor,
+    chosen: PairSide,
+    rejected: PairSide,
     *,
     form: Literal["divergence", "last_token"] = "divergence",
     margin: float | Tensor = 0.0,
@@ -161,8 +168,8 @@ def pairwise_loss(
 
     Returns (loss, chosen_scores, rejected_scores).
 
-    Inputs are (B, L) each (values, token ids, attention masks) for B pairs; scores are (B,), the value at
-    each sequence's last real token.
+    Inputs are (B, L) each (values, token ids, attention masks of each side) for B pairs; scores are (B,), the
+    value at each sequence's last real token.
 
     form="divergence" (DeepSpeed-Chat, default): for pair i, with d_i the first position where the two
     sequences differ (in token or in padding) and e_i = max(len_chosen_i, len_rejected_i),
@@ -179,25 +186,25 @@ def pairwise_loss(
     Centering (Eisenstein et al. 2023, TRL's center_rewards_coefficient) adds
     center_coef * mean_i (score_c_i + score_r_i)^2 in both forms. `margin` is a float or a (B,) tensor.
     """
-    chosen_values, rejected_values = _fp32(chosen_values), _fp32(rejected_values)  # (B, L)
-    chosen_scores = last_token_scores(chosen_values, chosen_mask)  # (B,)
-    rejected_scores = last_token_scores(rejected_values, rejected_mask)  # (B,)
+    chosen_values, rejected_values = _fp32(chosen.values), _fp32(rejected.values)  # (B, L)
+    chosen_scores = last_token_scores(chosen_values, chosen.mask)  # (B,)
+    rejected_scores = last_token_scores(rejected_values, rejected.mask)  # (B,)
     margin_t = torch.as_tensor(margin, dtype=chosen_values.dtype, device=chosen_values.device)
 
     if form == "last_token":
         loss = -F.logsigmoid(chosen_scores - rejected_scores - margin_t).mean()
     elif form == "divergence":
-        chosen_real, rejected_real = chosen_mask.bool(), rejected_mask.bool()  # (B, L)
-        for name, real in (("chosen_mask", chosen_real), ("rejected_mask", rejected_real)):
+        chosen_real, rejected_real = chosen.mask.bool(), rejected.mask.bool()  # (B, L)
+        for name, real in (("the chosen mask", chosen_real), ("the rejected mask", rejected_real)):
             # right padding <=> each row is 1...1 0...0 <=> the mask never rises along L
             if bool((real[:, 1:] & ~real[:, :-1]).any()):
                 raise ValueError(f"{name} is not right-padded; the divergence form needs right padding")
-        seq_len = chosen_ids.shape[-1]
-        positions = torch.arange(seq_len, device=chosen_ids.device).expand_as(chosen_ids)  # (B, L)
+        seq_len = chosen.ids.shape[-1]
+        positions = torch.arange(seq_len, device=chosen.ids.device).expand_as(chosen.ids)  # (B, L)
         chosen_len, rejected_len = chosen_real.sum(-1), rejected_real.sum(-1)  # (B,)
         end = torch.maximum(chosen_len, rejected_len)  # (B,)
         # a position diverges when the tokens differ among real tokens, or only one side is real there
-        differs = (chosen_real != rejected_real) | (chosen_real & (chosen_ids != rejected_ids))  # (B, L)
+        differs = (chosen_real != rejected_real) | (chosen_real & (chosen.ids != rejected.ids))  # (B, L)
         first_diff = torch.where(differs, positions, seq_len).min(dim=-1).values  # (B,)
         identical = first_diff >= seq_len  # (B,)
         start = torch.where(identical, end - 1, first_diff)  # (B,)

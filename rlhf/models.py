@@ -10,13 +10,13 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from rlhf.folders import written_atomically
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -61,18 +61,10 @@ def convert_default_model(target: Path) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.name_or_path = DEFAULT_MODEL_NAME
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    # another process converting at the same time may finish first: its folder is kept
+    with written_atomically(target, keep_existing=True) as staging:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        if target.exists():  # another process finished first; keep its folder
-            shutil.rmtree(staging)
-        else:
-            os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     print(f"Default model ready at {target}.", file=sys.stderr, flush=True)
     return target
 

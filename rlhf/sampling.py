@@ -1,33 +1,63 @@
-"""How answers are sampled ([sampling] of rlhf-loop.toml), importable without torch; rlhf.generate says why the
-defaults are what they are (finish rates measured on the default model)."""
+"""How an answer is sampled: one `Sampling` for the pairs people rank ([sampling] of rlhf-loop.toml), PPO's rollouts
+and its log-probs ([ppo.sampling]) and the generation_config.json of a saved policy. Importable without torch.
+
+Nothing else shapes sampling: a model's own generation_config.json (a shipped repetition penalty, top-k, min-p...) is
+never read (rlhf.decode samples with these settings alone), so what PPO optimises is what it sampled from.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+DEFAULT_BATCH_SIZE = 32
+"""Sequences generated together in one left-padded batch when answers are made for people (docs/benchmarks.md,
+"Generation speed": 32 made 126 tokens/s against 96 at 16 on the default model, one core; 64 made no more)."""
 
 
 @dataclass
-class AnswerSampling:
-    """How answers are sampled."""
+class Sampling:
+    """How each next token is chosen, in transformers' order: EOS held back before min_new_tokens, the repetition
+    penalty on the answer's tokens, then temperature, top-k and top-p. The defaults are the pairs people rank
+    (whole answers: docs/benchmarks.md, "Whole answers"); PPO's are set on its own field."""
 
     max_new_tokens: int = 512
     """Limit on generated tokens per answer; an answer that reaches it without EOS finishes with "length"."""
     temperature: float = 0.7
     """Softmax temperature; 0 means greedy decoding (no sampling)."""
-    top_p: float = 0.95
-    """Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p (1.0 keeps all)."""
     top_k: int = 0
     """Keep only the k most likely tokens before sampling (0 disables it)."""
+    top_p: float = 0.95
+    """Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p (1.0 keeps all)."""
+    min_new_tokens: int = 0
+    """EOS cannot be sampled before this many tokens (0: off)."""
     repetition_penalty: float = 1.1
-    """CTRL's penalty on tokens already in the answer (the prompt is not counted: its words and the chat
-    template's EOS stay free); applied to the logits before temperature, top-k and top-p (transformers' order). 1.0
-    disables it; 1.2 already derails."""
-    batch_size: int = 32
-    """Sequences generated together in one left-padded batch (a prompt's answers share its KV). 32 made 126 tokens/s
-    against 96 at 16 (default model, one core, fp32, 2 answers a prompt, 64 new tokens); 64 made no more."""
-    seed: int | None = None
-    """Seed for sampling, applied on a forked RNG so the caller's random state is left alone; None: not seeded."""
+    """CTRL's penalty on tokens already in the answer (the prompt's are not counted, so its words and the chat
+    template's EOS stay free); 1.0 disables it; 1.2 already derails."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, not {self.max_new_tokens}")
+        if self.min_new_tokens < 0:
+            raise ValueError(f"min_new_tokens must be 0 (off) or more, not {self.min_new_tokens}")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError("min_new_tokens cannot exceed max_new_tokens")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be 0 (greedy) or above, not {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be 0 (off) or a number of tokens, not {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be above 0 and at most 1 (1 = off), not {self.top_p}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty must be above 0 (1 = off), not {self.repetition_penalty}")
 
     @property
     def greedy(self) -> bool:
+        """The most likely token every step: nothing is drawn."""
         return self.temperature <= 0
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether the raw logits are the sampling distribution (temperature 1, nothing removed or penalised)."""
+        return (self.temperature == 1.0 and self.top_k <= 0 and self.top_p >= 1.0 and self.min_new_tokens <= 0
+                and self.repetition_penalty == 1.0)

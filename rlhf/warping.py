@@ -1,10 +1,11 @@
 """The distribution PPO samples from, as log-probs: transformers' sampling processors as pure tensor functions.
 
-`generate()` with our generation config (rlhf.generation_config: every other processor off) turns the logits of a
-step into the sampling distribution in this order (transformers' `_get_logits_processor`): EOS to -inf while fewer
-than min_new_tokens tokens are written (MinNewTokensLengthLogitsProcessor), then / temperature, then top-k, then
-top-p (the warpers, in that order, each on the output of the one before). `warp_logits` does the same to the
-training pass's logits, so log-probs, ratios and the KL estimate are those of what was actually sampled.
+rlhf.decode turns the logits of a step into the sampling distribution as transformers' `generate()` would with the
+same settings and every other processor off (`_get_logits_processor`'s order): EOS to -inf while fewer than
+min_new_tokens tokens are written (MinNewTokensLengthLogitsProcessor), the repetition penalty on the answer's tokens,
+then / temperature, then top-k, then top-p (the warpers, in that order, each on the output of the one before).
+`warp_logits` does the same to the training pass's logits, so log-probs, ratios and the KL estimate are those of what
+was actually sampled.
 
 The sampled token itself is never removed: the training pass's logits differ from the cached decoding's in the
 last bits (more so under bf16), which can move a token across the top-k or top-p boundary; removing it would give
@@ -13,9 +14,9 @@ last bits (more so under bf16), which can move a token across the top-k or top-p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+
+from rlhf.sampling import Sampling
 
 Tensor = torch.Tensor
 
@@ -89,57 +90,50 @@ def candidate_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> tupl
         k = min(4 * k, n_vocab)
 
 
-def warp_logits(
-    logits: Tensor,
-    tokens: Tensor,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_new_tokens: int = 0,
-    eos_ids: tuple[int, ...] | list[int] = (),
-) -> Tensor:
-    """The logits generate() sampled `tokens` from: (B, T, V) response-position logits, (B, T) tokens -> (B, T, V) fp32.
+def seen_before(tokens: Tensor, n_vocab: int) -> Tensor:
+    """Which tokens each response position has already written: seen[b, t, v] is True when tokens[b, s] == v for some
+    s < t (what the repetition penalty at position t counts).  (B, T) -> (B, T, V) bool"""
+    n_rows, width = tokens.shape
+    positions = torch.arange(width, device=tokens.device)  # (T,)
+    first = torch.full((n_rows, n_vocab), width, dtype=torch.long, device=tokens.device)  # (B, V): never written
+    first.scatter_reduce_(1, tokens, positions.expand(n_rows, width), reduce="amin")  # first position of each token
+    return first[:, None, :] < positions[None, :, None]  # (B, T, V)
 
-    Position t of the response layout is the t-th generated token (rlhf.ppo.experience). Removed tokens get -inf;
-    gradients flow through the kept ones. top_k 0 and top_p 1.0 are off, as in transformers.
+
+def repetition_penalised(logits: Tensor, penalty: float) -> Tensor:
+    """CTRL's repetition penalty as transformers applies it, on logits of tokens already written: a positive logit
+    divided by `penalty`, a negative one multiplied; differentiable.  (...) -> (...)"""
+    return torch.where(logits < 0, logits * penalty, logits / penalty)
+
+
+def penalise_seen(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """`repetition_penalised` where `seen` (once per token, however often it occurred).  (..., V), (..., V) bool ->
+    (..., V)"""
+    return torch.where(seen, repetition_penalised(logits, penalty), logits)
+
+
+def warp_logits(logits: Tensor, tokens: Tensor, sampling: Sampling, eos_ids: tuple[int, ...] | list[int] = ()) -> Tensor:
+    """The logits generate() sampled `tokens` from under `sampling`: (B, T, V) response-position logits, (B, T) tokens
+    -> (B, T, V) fp32.
+
+    Position t of the response layout is the t-th generated token (rlhf.ppo.experience); the repetition penalty at t
+    counts the tokens before t. Removed tokens get -inf; gradients flow through the kept ones. top_k 0 and top_p 1.0
+    are off, as in transformers. `eos_ids` are the ids min_new_tokens holds back.
     """
-    tempered = logits.float() / temperature  # (B, T, V), in fp32 as generate() warps
-    if top_k <= 0 and top_p >= 1.0 and min_new_tokens <= 0:
+    raw = logits.float()  # (B, T, V), in fp32 as generate() warps
+    if sampling.repetition_penalty != 1.0:
+        raw = penalise_seen(raw, seen_before(tokens, raw.shape[-1]), sampling.repetition_penalty)  # (B, T, V)
+    tempered = raw / sampling.temperature  # (B, T, V)
+    if sampling.top_k <= 0 and sampling.top_p >= 1.0 and sampling.min_new_tokens <= 0:
         return tempered
     with torch.no_grad():
-        removed = min_new_tokens_removed(tempered, eos_ids, min_new_tokens)  # (B, T, V)
+        removed = min_new_tokens_removed(tempered, eos_ids, sampling.min_new_tokens)  # (B, T, V)
         work = tempered.detach().masked_fill(removed, float("-inf"))  # (B, T, V) what the next warper sees
-        if top_k > 0:
-            removed |= top_k_removed(work, top_k)
+        if sampling.top_k > 0:
+            removed |= top_k_removed(work, sampling.top_k)
             work = work.masked_fill(removed, float("-inf"))
-        if top_p < 1.0:
+        if sampling.top_p < 1.0:
             # one row at a time: the sort's indices are int64, 2x the fp32 logits of the whole batch
-            removed |= torch.stack([top_p_removed(row, top_p) for row in work])  # (B, T, V)
+            removed |= torch.stack([top_p_removed(row, sampling.top_p) for row in work])  # (B, T, V)
         removed.scatter_(-1, tokens.unsqueeze(-1), False)  # the sampled token stays (see the module's note)
     return tempered.masked_fill(removed, float("-inf"))  # (B, T, V)
-
-
-@dataclass(frozen=True)
-class Warping:
-    """How a policy's logits become the distribution PPO samples from; `apply` is `warp_logits` with these settings."""
-
-    temperature: float = 1.0
-    """Logits are divided by it."""
-    top_k: int = 0
-    """Only the k most likely tokens stay; 0 = off."""
-    top_p: float = 1.0
-    """Only the nucleus of this probability stays; 1.0 = off."""
-    min_new_tokens: int = 0
-    """EOS cannot be sampled before this many response tokens."""
-    eos_ids: tuple[int, ...] = ()
-    """The ids min_new_tokens holds back (every id that ends an answer)."""
-
-    def apply(self, logits: Tensor, tokens: Tensor) -> Tensor:
-        """(B, T, V) logits at the response positions, (B, T) tokens -> (B, T, V) warped fp32 logits."""
-        return warp_logits(logits, tokens, self.temperature, self.top_k, self.top_p, self.min_new_tokens,
-                           self.eos_ids)
-
-    @property
-    def is_identity(self) -> bool:
-        """Whether the raw logits are the sampling distribution (temperature 1, nothing removed)."""
-        return self.temperature == 1.0 and self.top_k <= 0 and self.top_p >= 1.0 and self.min_new_tokens <= 0

@@ -69,9 +69,11 @@ def test_choose_pairs_scores_every_candidate_with_the_model():
 
 
 def test_make_active_pairs_stores_the_pairs_the_chooser_picks(tiny_model_dir):
-    from loop.pairs import make_active_pairs
     from annotate.store import Store
-    from rlhf.generate import AnswerSampling
+    from loop.pair_request import PairRequest
+    from loop.pairs import make_active_pairs
+    from rlhf.reward.config import VotesConfig
+    from rlhf.sampling import Sampling
 
     store = Store(":memory:")
     store.add_prompts([f"Question number {i}?" for i in range(6)], source="test")
@@ -82,8 +84,8 @@ def test_make_active_pairs_stores_the_pairs_the_chooser_picks(tiny_model_dir):
         seen.update(prompts=prompts, answers=answers, n=n)
         return [(0, 0, 3), (2, 1, 2)], 1  # two pairs, the first chosen for uncertainty
 
-    report = make_active_pairs(store, str(tiny_model_dir), None, 2, policy.id, chooser, per_prompt=4,
-                               prompts_per_pair=1.5, sampling=AnswerSampling(max_new_tokens=6, seed=0), seed=0)
+    report = make_active_pairs(store, PairRequest(2, policy.id, sampling=Sampling(max_new_tokens=6), seed=0), chooser,
+                               VotesConfig(oversample=4, prompts_per_pair=1.5))
     assert seen["n"] == 2 and len(seen["prompts"]) == 3  # ceil(2 * 1.5) prompts over-sampled
     assert all(len(answers) == 4 for answers in seen["answers"])
     assert report.written == 2 and report.stats["active/uncertain"] == 1.0
@@ -95,9 +97,11 @@ def test_make_active_pairs_stores_the_pairs_the_chooser_picks(tiny_model_dir):
 
 
 def test_make_active_pairs_seed_fixes_the_sampled_answers(tiny_model_dir):
-    from loop.pairs import make_active_pairs
     from annotate.store import Store
-    from rlhf.generate import AnswerSampling
+    from loop.pair_request import PairRequest
+    from loop.pairs import make_active_pairs
+    from rlhf.reward.config import VotesConfig
+    from rlhf.sampling import Sampling
 
     def sampled(seed):
         store = Store(":memory:")
@@ -109,9 +113,9 @@ def test_make_active_pairs_seed_fixes_the_sampled_answers(tiny_model_dir):
             seen.extend(answers)
             return [(0, 0, 1)], 0
 
-        # no sampling seed: the call's seed must fix the draws, as make_pairs does
-        make_active_pairs(store, str(tiny_model_dir), None, 1, policy.id, chooser, per_prompt=4,
-                          sampling=AnswerSampling(max_new_tokens=8, temperature=1.5), seed=seed)
+        # the request's seed must fix the draws, as make_pairs does
+        make_active_pairs(store, PairRequest(1, policy.id, sampling=Sampling(max_new_tokens=8, temperature=1.5),
+                                             seed=seed), chooser, VotesConfig(oversample=4))
         return seen
 
     first = sampled(3)

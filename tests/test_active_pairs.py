@@ -2,14 +2,14 @@
 
 import torch
 
-from loop.policies import load_pair_judge, pair_judge_path
-
-from loop.pairs import queue_pairs
 from annotate.store import Store
-from rlhf.generate import AnswerSampling
+from loop.pair_request import PairProgress, PairRequest
+from loop.pairs import queue_pairs
+from loop.policies import load_pair_judge, pair_judge_path
 from rlhf.reward.strategies import HEADS_FILE, VotesConfig
+from rlhf.sampling import Sampling
 
-SAMPLING = AnswerSampling(max_new_tokens=6, seed=0)
+SAMPLING = Sampling(max_new_tokens=6)
 
 
 class LengthDoubt:
@@ -33,8 +33,7 @@ def store_with_two_policies(tiny_model_dir, n_prompts=12, db=":memory:"):
 
 def test_without_a_judge_pairs_are_two_random_answers_a_prompt(tiny_model_dir):
     store, _base, newer = store_with_two_policies(tiny_model_dir)
-    report = queue_pairs(store, str(tiny_model_dir), None, 4, newer.id, VotesConfig(), judge=None, sampling=SAMPLING,
-                         seed=0)
+    report = queue_pairs(store, PairRequest(4, newer.id, sampling=SAMPLING, seed=0), VotesConfig(), judge=None)
     assert report.written == store.count_pairs() == 4
     assert [store.pair(i).chosen_by for i in range(1, 5)] == ["random"] * 4  # recorded, for held-out accuracy
     assert "active/uncertain" not in report.stats
@@ -45,10 +44,14 @@ def test_with_a_judge_sample_pairs_come_from_over_sampled_answers_and_versus_pai
     store, base, newer = store_with_two_policies(tiny_model_dir)
     judge = LengthDoubt()
     calls = []
+
+    class Recorded(PairProgress):
+        def pairs(self, done, total, written):
+            calls.append((done, total))
+
     votes = VotesConfig(oversample=4, prompts_per_pair=1.5, random_share=0.0)
-    report = queue_pairs(store, str(tiny_model_dir), None, 4, newer.id, votes, judge=judge, versus_share=0.5,
-                         versus_policy_id=base.id, sampling=SAMPLING, seed=0,
-                         progress=lambda done, total: calls.append((done, total)))
+    request = PairRequest(4, newer.id, versus_share=0.5, versus_policy_id=base.id, sampling=SAMPLING, seed=0)
+    report = queue_pairs(store, request, votes, judge=judge, progress=Recorded())
     pairs = [store.pair(pair_id) for pair_id in range(1, store.count_pairs() + 1)]
     assert [p.kind for p in pairs].count("versus") == report.versus == 2  # round(4 * 0.5)
     assert sorted((p.kind, p.chosen_by) for p in pairs) == [  # random_share 0: every sample pair for disagreement
@@ -66,8 +69,8 @@ def test_with_a_judge_sample_pairs_come_from_over_sampled_answers_and_versus_pai
 def test_oversample_two_turns_the_choice_off_even_with_a_judge(tiny_model_dir):
     store, _base, newer = store_with_two_policies(tiny_model_dir)
     judge = LengthDoubt()
-    report = queue_pairs(store, str(tiny_model_dir), None, 3, newer.id, VotesConfig(oversample=2), judge=judge,
-                         sampling=SAMPLING, seed=0)
+    report = queue_pairs(store, PairRequest(3, newer.id, sampling=SAMPLING, seed=0), VotesConfig(oversample=2),
+                         judge=judge)
     assert judge.calls == 0 and report.written == 3 and "active/uncertain" not in report.stats
 
 

@@ -27,7 +27,10 @@ def test_file_then_flags_override_in_that_order(tmp_path):
     ("ppo.steps=many", "cannot read 'many' as int"),
     ("ppo.adaptive_kl=1", "expected true or false"),
     ("kl_ctl=0.1", "expected SECTION.KEY=VALUE"),
-    ("ppo.min_new_tokens=99", "min_new_tokens cannot exceed max_new_tokens"),
+    ("ppo.sampling.min_new_tokens=99", "[ppo.sampling]: min_new_tokens cannot exceed max_new_tokens"),
+    ("ppo.temperature=0.5", "unknown key ppo.temperature .did you mean ppo.sampling.temperature"),
+    ("ppo.sampling=0.5", "ppo.sampling is a table of keys; set ppo.sampling.KEY"),
+    ("ppo.sampling.temperature=0", "[ppo]: sampling.temperature must be above 0 .PPO samples., not 0.0"),
 ])
 def test_bad_overrides_are_refused_by_name(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):

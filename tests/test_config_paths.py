@@ -19,7 +19,8 @@ import torch
 import app
 import commands.data
 import loop.round
-from loop.pair_report import PairsReport
+from loop.pair_request import PairsReport
+from loop.policies import PolicyModel
 from annotate.store import Store
 from loop.config_files import load_config
 from loop.config import ppo_settings
@@ -142,14 +143,16 @@ def record_pair_making(monkeypatch, got):
     def load_pair_judge(path, votes):
         got.update(judge_path=path, judge_votes=votes)  # and no judge: the pairs are drawn at random
 
-    def queue_pairs(store, model, tokenizer, n_pairs, policy_id, votes, judge=None, **kwargs):
-        got.update(model=getattr(model, "path", model), n_pairs=n_pairs, votes=votes, sampling=kwargs.get("sampling"))
-        return PairsReport(policy_id=policy_id)
+    def queue_pairs(store, request, votes, judge=None, model=None, progress=None):
+        loaded = model.model if model is not None else store.policy(request.policy_id).path
+        got.update(model=getattr(loaded, "path", loaded), n_pairs=request.n_pairs, votes=votes,
+                   sampling=request.sampling)
+        return PairsReport(policy_id=request.policy_id)
 
     monkeypatch.setattr(loop.policies, "pair_judge_path", lambda store: "last-round-rm")
     monkeypatch.setattr(loop.policies, "load_pair_judge", load_pair_judge)
     monkeypatch.setattr(loop.pairs, "queue_pairs", queue_pairs)
-    monkeypatch.setattr(loop.policies, "load_policy_model", lambda path: (LoadedPolicy(path), None))
+    monkeypatch.setattr(loop.policies, "load_policy_model", lambda path: PolicyModel(LoadedPolicy(path), None))
 
 
 def route_generate_pairs(monkeypatch, ws, got):
@@ -172,7 +175,7 @@ def route_demo_loop(monkeypatch, ws, got):
 
     record_pair_making(monkeypatch, got)
 
-    def policy_answers(policy_path, prompts, sampling, per_prompt):
+    def policy_answers(policy_path, prompts, sampling, per_prompt, seed=None, batch_size=None):
         got.setdefault("answer_policies", []).append(policy_path)
         got["eval_sampling"] = sampling
         return ["Thank you, glad to help."] * (len(prompts) * per_prompt)

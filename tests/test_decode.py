@@ -8,12 +8,12 @@ import math
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+from transformers import GenerationConfig, LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
-from rlhf.decode import Decoding, choose_tokens, decode, next_token_logits, penalise_repeats, race
+from rlhf.decode import DecodeHooks, EndTokens, choose_tokens, decode, next_token_logits, penalise_repeats, race
 from rlhf.generate import encode_prompt, pad_sequences
-from rlhf.generation_config import generate_with, neutral_generation_config
 from rlhf.models import load_causal_lm
+from rlhf.sampling import Sampling
 from rlhf.warping import FIRST_CANDIDATES, candidate_logits, top_k_removed, top_p_removed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,11 +29,11 @@ def test_the_repetition_penalty_divides_positive_and_multiplies_negative_logits_
 
 
 def test_eos_is_held_back_until_min_new_tokens_are_written():
-    decoding = Decoding(max_new_tokens=5, eos_ids=(0, 2), pad_id=0, min_new_tokens=2)
+    sampling = Sampling(max_new_tokens=5, min_new_tokens=2, repetition_penalty=1.0)
     logits = torch.zeros(1, 4)
-    early = next_token_logits(logits, torch.tensor([[3]]), decoding)  # one token written: EOS ids barred
+    early = next_token_logits(logits, torch.tensor([[3]]), sampling, (0, 2))  # one token written: EOS ids barred
     assert early.tolist() == [[-math.inf, 0.0, -math.inf, 0.0]]
-    assert next_token_logits(logits, torch.tensor([[3, 3]]), decoding).tolist() == [[0.0] * 4]
+    assert next_token_logits(logits, torch.tensor([[3, 3]]), sampling, (0, 2)).tolist() == [[0.0] * 4]
 
 
 def test_candidates_are_the_tokens_top_k_and_top_p_keep_even_where_the_nucleus_is_wide():
@@ -61,9 +61,9 @@ def test_draws_follow_the_warped_distribution_worked_out_by_hand():
     # than 0.8 of the mass above them: token 3 (0), token 2 (.16/.30 = .53); token 1 has .83 above it and goes.
     # So p(2) = .09 / .25 = 0.36 and p(3) = 0.64.
     logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(20000, 4)
-    decoding = Decoding(max_new_tokens=1, eos_ids=(), pad_id=0, temperature=0.5, top_p=0.8)
+    sampling = Sampling(max_new_tokens=1, temperature=0.5, top_p=0.8)
     torch.manual_seed(0)
-    tokens, log_probs = choose_tokens(logits, decoding, with_log_probs=True)
+    tokens, log_probs = choose_tokens(logits, sampling, with_log_probs=True)
     counts = torch.bincount(tokens, minlength=4).tolist()
     assert counts[0] == counts[1] == 0
     assert counts[2] / 20000 == pytest.approx(0.36, abs=0.015)  # 4 standard errors (0.0034)
@@ -81,24 +81,24 @@ def test_greedy_decoding_writes_what_transformers_generate_writes(tiny_model_dir
     model = load_causal_lm(tiny_model_dir).eval()
     ids, mask = pad_sequences([encode_prompt(tokenizer, p) for p in PROMPTS], tokenizer.pad_token_id)
     eos = tokenizer.eos_token_id
-    ours = decode(model, ids, mask, Decoding(max_new_tokens=12, eos_ids=(eos,), pad_id=tokenizer.pad_token_id,
-                                             temperature=0, repetition_penalty=1.3)).response
-    theirs = generate_with(model, neutral_generation_config(do_sample=False, max_new_tokens=12, eos_token_id=eos,
-                                                            pad_token_id=tokenizer.pad_token_id),
-                           input_ids=ids, attention_mask=mask,
-                           logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(
-                               1.3, prompt_ignore_length=ids.shape[1])]))[:, ids.shape[1]:]
+    ours = decode(model, ids, mask, Sampling(max_new_tokens=12, temperature=0, repetition_penalty=1.3),
+                  EndTokens((eos,), tokenizer.pad_token_id)).response
+    # transformers' greedy generate with nothing but these settings: the model's own generation config blanked
+    model.generation_config = GenerationConfig()
+    theirs = model.generate(input_ids=ids, attention_mask=mask, generation_config=GenerationConfig(
+        do_sample=False, max_new_tokens=12, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id),
+        logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(
+            1.3, prompt_ignore_length=ids.shape[1])]))[:, ids.shape[1]:]
     assert torch.equal(ours, theirs)
 
 
 def test_a_prompts_kv_serves_all_its_answers(tiny_model_dir, tokenizer):
     model = load_causal_lm(tiny_model_dir).eval()
-    decoding = Decoding(max_new_tokens=8, eos_ids=(tokenizer.eos_token_id,), pad_id=tokenizer.pad_token_id,
-                        temperature=0)
+    greedy, ends = Sampling(max_new_tokens=8, temperature=0), EndTokens((tokenizer.eos_token_id,), tokenizer.pad_token_id)
     encoded = [encode_prompt(tokenizer, p) for p in PROMPTS]
-    shared = decode(model, *pad_sequences(encoded, tokenizer.pad_token_id), decoding, n_per_prompt=3).response
+    shared = decode(model, *pad_sequences(encoded, tokenizer.pad_token_id), greedy, ends, n_per_prompt=3).response
     repeated = [tokens for tokens in encoded for _ in range(3)]
-    alone = decode(model, *pad_sequences(repeated, tokenizer.pad_token_id), decoding).response
+    alone = decode(model, *pad_sequences(repeated, tokenizer.pad_token_id), greedy, ends).response
     assert shared.shape[0] == 3 * len(PROMPTS)
     assert torch.equal(shared, alone)
 
@@ -107,15 +107,14 @@ def test_rows_that_end_leave_the_batch_and_the_others_write_what_they_would_alon
     model = load_causal_lm(tiny_model_dir).eval()
     encoded = [encode_prompt(tokenizer, p) for p in PROMPTS]
     # the penalty keeps the tiny model's greedy answers from repeating one token
-    free = Decoding(max_new_tokens=10, eos_ids=(), pad_id=tokenizer.pad_token_id, temperature=0,
-                    repetition_penalty=3.0)
-    alone = decode(model, *pad_sequences(encoded, tokenizer.pad_token_id), free).response  # (4, 10), no row ends
+    greedy = Sampling(max_new_tokens=10, temperature=0, repetition_penalty=3.0)
+    alone = decode(model, *pad_sequences(encoded, tokenizer.pad_token_id), greedy,
+                   EndTokens((), tokenizer.pad_token_id)).response  # (4, 10), no row ends
     # make each row end where its greedy answer writes a token chosen to be row 0's 3rd and row 1's 6th
     ends = (int(alone[0, 2]), int(alone[1, 5]))
-    stopping = Decoding(max_new_tokens=10, eos_ids=ends, pad_id=-1, temperature=0, repetition_penalty=3.0)
     seen = []
-    decoded = decode(model, *pad_sequences(encoded, tokenizer.pad_token_id), stopping,
-                     on_row_end=lambda row, tokens: seen.append((row, tokens.tolist())))
+    decoded = decode(model, *pad_sequences(encoded, tokenizer.pad_token_id), greedy, EndTokens(ends, -1),
+                     hooks=DecodeHooks(row_end=lambda row, tokens: seen.append((row, tokens.tolist()))))
     for row in range(len(PROMPTS)):
         written = alone[row].tolist()
         first_end = next((t for t, token in enumerate(written) if token in ends), None)

@@ -1,4 +1,4 @@
-"""The first pairs come fast (issue 17): answers are handed over as they end, the first chunk of a batch is small,
+"""The first pairs come fast: answers are handed over as they end, the first chunk of a batch is small,
 each pair is stored the moment its second answer ends, progress moves with every answer, and the app's status says
 what the pair maker does and how long is left."""
 
@@ -8,11 +8,14 @@ import threading
 import pytest
 import torch
 
-from loop.children.pair_job import GenerationJob, duration_text
-from loop.pairs import chunk_sizes, make_pairs
 from annotate.store import Store
-from rlhf.generate import AnswerSampling, generate_answers
+from loop.children.pair_job import GenerationJob, duration_text
+from loop.pair_request import PairProgress, PairRequest
+from loop.pairs import chunk_sizes, make_pairs
+from loop.policies import PolicyModel
+from rlhf.generate import AnswerWatch, generate_answers
 from rlhf.models import load_causal_lm
+from rlhf.sampling import Sampling
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,15 +46,22 @@ def ending_model(tiny_model_dir, real_tokenizer):
     return model
 
 
-ENDING = AnswerSampling(max_new_tokens=16, temperature=1.0, repetition_penalty=1.0, batch_size=8, seed=3)
+ENDING = Sampling(max_new_tokens=16, temperature=1.0, repetition_penalty=1.0)
+ENDING_RUN = {"seed": 3, "batch_size": 8}
+"""How ENDING's answers are generated: seeded, 8 sequences a batch."""
 PROMPTS = ["Hi", "Why is the sky blue?", "Name a colour.", "Tell me more."]
 
 
 def test_answers_are_handed_over_as_they_end_not_when_their_batch_does(ending_model, tokenizer):
     seen, progress = [], []
-    result = generate_answers(ending_model, tokenizer, PROMPTS, n_per_prompt=2, sampling=ENDING,
-                              on_answer=lambda i, j, answer: seen.append((i, j, answer)),
-                              progress=lambda done, total: progress.append((done, total)))
+
+    class Watch(AnswerWatch):
+        def answer(self, i, j, answer, done, total):
+            seen.append((i, j, answer))
+            progress.append((done, total))
+
+    result = generate_answers(ending_model, tokenizer, PROMPTS, n_per_prompt=2, sampling=ENDING, **ENDING_RUN,
+                              watch=Watch())
 
     assert sorted((i, j) for i, j, _ in seen) == [(i, j) for i in range(4) for j in range(2)]  # each once
     assert all(result.answers[i][j] == answer for i, j, answer in seen)
@@ -61,15 +71,19 @@ def test_answers_are_handed_over_as_they_end_not_when_their_batch_does(ending_mo
     assert len({length for length in ended if length != math.inf}) > 2  # rows did end at different steps
     assert progress == [(done, 8) for done in range(1, 9)]
     # watching changes nothing that is sampled
-    assert generate_answers(ending_model, tokenizer, PROMPTS, n_per_prompt=2, sampling=ENDING).answers == \
-        result.answers
+    assert generate_answers(ending_model, tokenizer, PROMPTS, n_per_prompt=2, sampling=ENDING,
+                            **ENDING_RUN).answers == result.answers
 
 
 def test_each_decoding_step_is_counted_batch_by_batch(ending_model, tokenizer):
     steps = []
-    sampling = AnswerSampling(max_new_tokens=5, temperature=1.0, batch_size=4, seed=0)
-    generate_answers(ending_model, tokenizer, PROMPTS, n_per_prompt=2, sampling=sampling,
-                     steps=lambda step, most: steps.append((step, most)))
+
+    class Watch(AnswerWatch):
+        def step(self, step, most):
+            steps.append((step, most))
+
+    generate_answers(ending_model, tokenizer, PROMPTS, n_per_prompt=2, sampling=Sampling(max_new_tokens=5,
+                     temperature=1.0), seed=0, batch_size=4, watch=Watch())
     assert {most for _, most in steps} == {5}
     batches = [i for i, (step, _) in enumerate(steps) if step == 1]
     assert len(batches) == 2 and batches[0] == 0  # 8 answers in batches of 4
@@ -105,11 +119,19 @@ def test_the_first_pair_is_stored_before_the_rest_of_its_batch_is_answered(endin
 
         store.add_pairs_bulk = add_pairs_bulk
         progress, answers = [], []
-        report = make_pairs(store, ending_model, tokenizer, n_pairs=12, policy_id=base.id, sampling=ENDING, seed=0,
-                            progress=lambda done, total: progress.append((done, total, store.count_pairs())),
-                            answers=lambda done, total: (answers.append((done, total)), events.append(("answer", done))))
 
-        chunks = chunk_sizes(12, ENDING.batch_size // 2)
+        class Recorded(PairProgress):
+            def pairs(self, done, total, written):
+                progress.append((done, total, store.count_pairs()))
+
+            def answers(self, done, total):
+                answers.append((done, total))
+                events.append(("answer", done))
+
+        request = PairRequest(12, base.id, sampling=ENDING, seed=0, batch_size=ENDING_RUN["batch_size"])
+        report = make_pairs(store, request, PolicyModel(ending_model, tokenizer), Recorded())
+
+        chunks = chunk_sizes(12, ENDING_RUN["batch_size"] // 2)
         assert chunks[0] == 2
         assert all(count == 1 for kind, count in events if kind == "stored")  # pair by pair
         # the first pair is in the store before the first chunk's (2 prompts, 4 answers) last answer has ended

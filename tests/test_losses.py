@@ -8,6 +8,7 @@ import torch
 from rlhf.losses import (
     AdaptiveKLController,
     FixedKLController,
+    PairSide,
     RunningMoments,
     actor_loss,
     bradley_terry_loss,
@@ -119,7 +120,7 @@ def two_pairs():
     # c - r: pair 0 = (9, 9, 0, 1, 100), pair 1 = (3, 3, -0.1, -1, 2); only the spans count
     chosen_values = torch.tensor([[9.0, 9.0, 0.5, 1.5, 50.0], [3.0, 3.0, 0.2, 1.0, 2.0]], requires_grad=True)
     rejected_values = torch.tensor([[0.0, 0.0, 0.5, 0.5, -50.0], [0.0, 0.0, 0.3, 2.0, 0.0]], requires_grad=True)
-    return chosen_values, rejected_values, chosen_ids, rejected_ids, chosen_mask, rejected_mask
+    return PairSide(chosen_values, chosen_ids, chosen_mask), PairSide(rejected_values, rejected_ids, rejected_mask)
 
 
 def test_pairwise_divergence_form_by_hand():
@@ -135,16 +136,16 @@ def test_pairwise_divergence_form_by_hand():
     close(rejected_scores, [0.5, 0.0])
     # only span positions get gradient: d loss / d c[t] = -sigmoid(-(c - r)) / (2 pairs * 2 positions)
     loss.backward()
-    grad = pairs[0].grad
+    grad = pairs[0].values.grad
     assert torch.all(grad[0, [0, 1, 4]] == 0) and torch.all(grad[1, [0, 1, 2]] == 0)
     close(grad[0, 2], -0.5 / 4)  # sigmoid(0) = 0.5
 
 
 def test_pairwise_divergence_form_ignores_values_outside_the_spans():
-    chosen_values, rejected_values, *rest = two_pairs()
-    garbage_c, garbage_r = chosen_values.detach().clone(), rejected_values.detach().clone()
+    chosen, rejected = two_pairs()
+    garbage_c, garbage_r = chosen.values.detach().clone(), rejected.values.detach().clone()
     garbage_c[0, :2], garbage_r[0, 4], garbage_c[1, :3] = -1e4, 1e4, 1e4
-    loss, _, _ = pairwise_loss(garbage_c, garbage_r, *rest)
+    loss, _, _ = pairwise_loss(chosen._replace(values=garbage_c), rejected._replace(values=garbage_r))
     close(loss, 0.611650)
 
 
@@ -164,7 +165,8 @@ def test_pairwise_identical_sequences_use_their_last_real_token():
     mask = torch.tensor([[1, 1, 1, 0, 0]])
     chosen_values = torch.tensor([[5.0, 5.0, 0.7, 9.0, 9.0]])
     rejected_values = torch.tensor([[0.0, 0.0, 0.2, 0.0, 0.0]])
-    loss, chosen_scores, rejected_scores = pairwise_loss(chosen_values, rejected_values, ids, ids, mask, mask)
+    loss, chosen_scores, rejected_scores = pairwise_loss(PairSide(chosen_values, ids, mask),
+                                                         PairSide(rejected_values, ids, mask))
     close(loss, 0.474077)
     close(chosen_scores, [0.7])
     close(rejected_scores, [0.2])
@@ -179,15 +181,16 @@ def test_pairwise_divergence_counts_a_pad_against_a_real_token_with_the_same_id(
     chosen_values = torch.tensor([[0.0, 0.0, 0.0, 1.0, 2.0]])
     rejected_values = torch.tensor([[0.0, 0.0, 0.0, 2.0, 1.0]])
     chosen_mask, rejected_mask = torch.tensor([[1, 1, 1, 0, 0]]), torch.tensor([[1, 1, 1, 1, 1]])
-    loss, _, _ = pairwise_loss(chosen_values, rejected_values, chosen_ids, rejected_ids, chosen_mask, rejected_mask)
+    loss, _, _ = pairwise_loss(PairSide(chosen_values, chosen_ids, chosen_mask),
+                               PairSide(rejected_values, rejected_ids, rejected_mask))
     close(loss, 0.813262)
 
 
 def test_pairwise_divergence_form_refuses_left_padding():
-    chosen_values, rejected_values, chosen_ids, rejected_ids, chosen_mask, _ = two_pairs()
+    chosen, rejected = two_pairs()
     left = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     with pytest.raises(ValueError, match="right-padded"):
-        pairwise_loss(chosen_values, rejected_values, chosen_ids, rejected_ids, chosen_mask, left)
+        pairwise_loss(chosen, rejected._replace(mask=left))
 
 
 def test_pairwise_last_token_form_margin_and_centering():
@@ -212,7 +215,8 @@ def test_pairwise_last_token_form_works_with_left_padding():
     mask_c = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
     mask_r = torch.tensor([[0, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
     ids = torch.zeros(2, 5, dtype=torch.long)
-    loss, chosen_scores, _ = pairwise_loss(values_c, values_r, ids, ids, mask_c, mask_r, form="last_token")
+    loss, chosen_scores, _ = pairwise_loss(PairSide(values_c, ids, mask_c), PairSide(values_r, ids, mask_r),
+                                           form="last_token")
     close(loss, 0.313262)
     close(chosen_scores, [1.0, 2.0])
 

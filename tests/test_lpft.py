@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlhf.reward.data import PreferencePair, TokenizedPair
-from rlhf.reward.lpft import finetune_top_layers, pad_pair_rows
+from rlhf.reward.data import PreferencePair, TokenizedPair, pad_pair_rows
+from rlhf.reward.lpft import FinetuneSettings, finetune_top_layers
 from rlhf.reward.model import RewardModel
 from rlhf.reward.strategies import (
     FeatureExtractor,
@@ -52,7 +52,7 @@ def test_the_loss_is_the_heads_graded_bradley_terry_loss(tiny_model_dir):
     margins = torch.tensor([0.0, 4.0, 0.0, 4.0, 0.0, 0.0])
     weights = torch.tensor([1.0, 1.0, 2.0, 1.0, 1.0, 3.0])
     losses = []
-    finetune_top_layers(probe, tokenizer, pairs, margins, weights, lr=0.0, epochs=1, batch_pairs=8,
+    finetune_top_layers(probe, tokenizer, pairs, margins, weights, FinetuneSettings(lr=0.0, epochs=1, batch_pairs=8),
                         on_epoch=lambda epoch, loss, model: losses.append(loss))
     gap = (score_with_reward_model(probe, tokenizer, [p.prompt for p in pairs], [p.chosen for p in pairs])
            - score_with_reward_model(probe, tokenizer, [p.prompt for p in pairs], [p.rejected for p in pairs]))
@@ -66,8 +66,8 @@ def test_only_the_top_layers_learn_and_the_probe_is_left_as_it_was(tiny_model_di
     before = {name: t.clone() for name, t in probe.state_dict().items()}
     pairs = courteous_pairs(12)
     losses = []
-    tuned = finetune_top_layers(probe, tokenizer, pairs, torch.zeros(12), torch.ones(12), lr=1e-3, epochs=6,
-                                batch_pairs=4, n_layers=n_layers,
+    tuned = finetune_top_layers(probe, tokenizer, pairs, torch.zeros(12), torch.ones(12),
+                                FinetuneSettings(lr=1e-3, epochs=6, batch_pairs=4, n_layers=n_layers),
                                 on_epoch=lambda epoch, loss, model: losses.append(loss))
     assert all(torch.equal(t, before[name]) for name, t in probe.state_dict().items())  # the probe is untouched
     after = tuned.state_dict()
@@ -107,14 +107,15 @@ def test_lpft_strategy_saves_a_folder_that_scores_as_trained(tiny_model_dir, tmp
 def test_a_feature_of_the_embeddings_has_no_layer_to_fine_tune_and_says_so(tiny_model_dir):
     probe, tokenizer = probe_of(tiny_model_dir, layer=0)
     with pytest.raises(ValueError, match="mean@1 or deeper"):
-        finetune_top_layers(probe, tokenizer, courteous_pairs(2), torch.zeros(2), torch.ones(2), lr=1e-3, epochs=1)
+        finetune_top_layers(probe, tokenizer, courteous_pairs(2), torch.zeros(2), torch.ones(2),
+                            FinetuneSettings(lr=1e-3, epochs=1))
 
 
 def test_more_layers_than_the_feature_reads_is_refused_with_the_range(tiny_model_dir):
     probe, tokenizer = probe_of(tiny_model_dir, layer=2)
     with pytest.raises(ValueError, match="1 to 2 of them, not 3"):
-        finetune_top_layers(probe, tokenizer, courteous_pairs(2), torch.zeros(2), torch.ones(2), lr=1e-3, epochs=1,
-                            n_layers=3)
+        finetune_top_layers(probe, tokenizer, courteous_pairs(2), torch.zeros(2), torch.ones(2),
+                            FinetuneSettings(lr=1e-3, epochs=1, n_layers=3))
 
 
 @pytest.mark.parametrize("setting", [{"finetune_layers": 0}, {"finetune_epochs": 0}, {"finetune_lr": 0.0}])

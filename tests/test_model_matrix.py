@@ -10,9 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import app
-from rlhf.generate import AnswerSampling, encode_prompt, eos_token_ids, generate_answers, response_mask_until_eos
+from rlhf.generate import encode_prompt, eos_token_ids, generate_answers, response_mask_until_eos
 from rlhf.models import format_prompt, load_causal_lm, load_tokenizer
-from rlhf.ppo.config import PPOConfig
+from rlhf.ppo.config import PPOConfig, rollout_sampling
+from rlhf.sampling import Sampling
 from rlhf.ppo.train import train_ppo
 from rlhf.reward.data import PreferencePair
 from rlhf.reward.model import is_reward_model_dir
@@ -79,7 +80,7 @@ def _always_writing(model, token_id: int):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_answers_end_at_the_end_of_turn_and_at_the_shipped_eos(family, family_dirs):
     tokenizer, model = load_tokenizer(family_dirs[family]), load_causal_lm(family_dirs[family])
-    greedy = AnswerSampling(max_new_tokens=5, temperature=0.0)
+    greedy = Sampling(max_new_tokens=5, temperature=0.0)
     for token in set(EXPECTED[family][::2]):  # the end of turn and the shipped EOS
         token_id = tokenizer.convert_tokens_to_ids(token)
         handle = _always_writing(model, token_id)
@@ -117,7 +118,7 @@ def test_sft_then_reward_model_then_ppo_on_each_family(family, family_dirs, tmp_
     assert math.isfinite(reward.metrics["rm/loss"])
 
     # PPO: actor and reference from the SFT policy, critic and reward model from the reward model
-    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=6, steps=1, seed=0)
+    config = PPOConfig(batch_size=2, mini_batch_size=2, steps=1, seed=0, sampling=rollout_sampling(max_new_tokens=6))
     result = train_ppo(sft.out_dir, reward.path, [f"Describe the {w}." for w in WORDS[:2]], config, tmp_path / "ppo")
     step = result.history[-1]
     assert step["ppo/step"] == 1
@@ -131,7 +132,7 @@ def test_sft_then_reward_model_then_ppo_on_each_family(family, family_dirs, tmp_
 def demo_loop_arguments(model_dir, tmp_path) -> list[str]:
     """One demo round of a tiny model in seconds: few votes, short answers, no accuracy bar."""
     settings = [
-        "sampling.max_new_tokens=8", "sampling.batch_size=8", "ppo.max_new_tokens=8", "ppo.batch_size=4",
+        "sampling.max_new_tokens=8", "pairs.batch_size=8", "ppo.sampling.max_new_tokens=8", "ppo.batch_size=4",
         "ppo.mini_batch_size=4", "ppo.steps=1", "round.ppo_prompts=4", "round.min_accuracy=0",
         "round.min_new_pairs=1", "round.next_pairs=2", f"round.checkpoints_dir={tmp_path / 'checkpoints'}",
         "reward.batch_size=4", "reward.max_length=96", "reward.min_pairs=1", "reward.heldout_fraction=0.25",

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from rlhf.folders import written_atomically
 from rlhf.models import (
     ModelNotFoundError,
     ModelSetupError,
@@ -50,6 +51,45 @@ def test_a_folder_without_config_is_not_a_model(tmp_path):
 
 def test_hub_ids_pass_through_unchanged():
     assert resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+# ---- folders written atomically ---------------------------------------------------------------------------------
+
+
+def test_a_folder_written_atomically_appears_whole_and_replaces_the_old_one(tmp_path):
+    target = tmp_path / "model"
+    for version in ("one", "two"):
+        with written_atomically(target) as staging:
+            assert staging.parent == tmp_path and staging.name.startswith(".model-")  # beside it: one file system
+            (staging / "weights").write_text(version)
+            (staging / "config").write_text(version)
+            # until the block ends the real name holds nothing new: nothing at first, then the old folder whole
+            assert not target.exists() if version == "one" else (target / "weights").read_text() == "one"
+        assert sorted(p.name for p in target.iterdir()) == ["config", "weights"]
+        assert (target / "weights").read_text() == version
+        assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no staging folder, no old folder left
+
+
+def test_an_error_while_writing_leaves_the_old_folder_untouched_and_no_staging_folder(tmp_path):
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "weights").write_text("old")
+    with pytest.raises(RuntimeError, match="disk full"):
+        with written_atomically(target) as staging:
+            (staging / "weights").write_text("half")
+            raise RuntimeError("disk full")
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+    assert [p.name for p in target.iterdir()] == ["weights"] and (target / "weights").read_text() == "old"
+
+
+def test_keep_existing_keeps_a_folder_another_process_finished_first(tmp_path):
+    target = tmp_path / "model"
+    with written_atomically(target, keep_existing=True) as staging:
+        (staging / "weights").write_text("mine")
+        target.mkdir()
+        (target / "weights").write_text("theirs")
+    assert (target / "weights").read_text() == "theirs"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
 
 @pytest.mark.slow
@@ -130,42 +170,46 @@ LONG_PROMPT = "Tell me about " + " and ".join(f"thing {i}" for i in range(60)) +
 
 
 def test_a_prompt_longer_than_the_context_loses_its_start_instead_of_crashing(short_context_dir, capsys):
-    from rlhf.generate import AnswerSampling, encode_prompt, generate_answers
+    from rlhf.generate import encode_prompt, generate_answers
+    from rlhf.sampling import Sampling
 
     tokenizer, model = load_tokenizer(short_context_dir), load_causal_lm(short_context_dir)
     ids = torch.tensor([encode_prompt(tokenizer, LONG_PROMPT)])
     assert ids.shape[1] > 64
     with pytest.raises(IndexError):  # what a round would meet without the cut
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4)
-    sampling = AnswerSampling(max_new_tokens=8, temperature=1.0, seed=0)
-    answer = generate_answers(model, tokenizer, [LONG_PROMPT, "Hi"], n_per_prompt=1, sampling=sampling).answers[0][0]
+    sampling = Sampling(max_new_tokens=8, temperature=1.0)
+    answer = generate_answers(model, tokenizer, [LONG_PROMPT, "Hi"], n_per_prompt=1, sampling=sampling,
+                              seed=0).answers[0][0]
     assert 0 < answer.n_tokens <= 8
     assert "1 of 2 prompts are longer than the 56 tokens the model's context leaves them" in capsys.readouterr().err
 
 
 def test_max_new_tokens_that_leave_no_room_for_a_prompt_are_refused_before_generating(short_context_dir):
-    from rlhf.generate import AnswerSampling, generate_answers
+    from rlhf.generate import generate_answers
+    from rlhf.sampling import Sampling
 
     tokenizer, model = load_tokenizer(short_context_dir), load_causal_lm(short_context_dir)
     with pytest.raises(ModelSetupError, match="context holds 64 tokens: max_new_tokens = 40 leaves 24 for the prompt"
                                               ".*at most 32"):
-        generate_answers(model, tokenizer, ["Hi"], sampling=AnswerSampling(max_new_tokens=40))
+        generate_answers(model, tokenizer, ["Hi"], sampling=Sampling(max_new_tokens=40))
 
 
 def test_ppo_cuts_prompts_to_what_the_context_leaves_and_runs_on_them(short_context_dir, real_tokenizer, tmp_path):
     from transformers import AutoConfig
 
-    from rlhf.ppo.config import PPOConfig
+    from rlhf.ppo.config import PPOConfig, rollout_sampling
     from rlhf.ppo.train import fit_prompt_length, train_ppo
     from rlhf.reward.model import RewardModel
 
     model_config = AutoConfig.from_pretrained(short_context_dir)
-    assert fit_prompt_length(PPOConfig(max_new_tokens=8), model_config).max_prompt_length == 56
-    assert fit_prompt_length(PPOConfig(max_new_tokens=8, max_prompt_length=20), model_config).max_prompt_length == 20
-    with pytest.raises(ModelSetupError, match=r"\[ppo\] max_new_tokens = 40"):
-        fit_prompt_length(PPOConfig(max_new_tokens=40), model_config)
+    eight = rollout_sampling(max_new_tokens=8)
+    assert fit_prompt_length(PPOConfig(sampling=eight), model_config).max_prompt_length == 56
+    assert fit_prompt_length(PPOConfig(sampling=eight, max_prompt_length=20), model_config).max_prompt_length == 20
+    with pytest.raises(ModelSetupError, match=r"\[ppo.sampling\] max_new_tokens = 40"):
+        fit_prompt_length(PPOConfig(sampling=rollout_sampling(max_new_tokens=40)), model_config)
     reward_dir = RewardModel.from_causal_lm(short_context_dir).save_pretrained(tmp_path / "rm", real_tokenizer)
-    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=8, steps=1)
+    config = PPOConfig(batch_size=2, mini_batch_size=2, steps=1, sampling=eight)
     result = train_ppo(short_context_dir, reward_dir, [LONG_PROMPT, "Hi"], config, tmp_path / "actor")
     assert result.config["max_prompt_length"] == 56
     assert torch.isfinite(torch.tensor(result.history[-1]["ppo/kl"]))
@@ -182,8 +226,8 @@ def test_sft_cuts_examples_to_the_context(short_context_dir, tmp_path):
 
 @pytest.mark.parametrize("setting, message", [
     ([], r"\[sampling\] max_new_tokens = 512 leaves 0 for the prompt"),
-    (["sampling.max_new_tokens=8", "ppo.max_new_tokens=60"], r"\[ppo\] max_new_tokens = 60 leaves 4"),
-    (["sampling.max_new_tokens=8", "ppo.max_new_tokens=8"], r"\[reward\] max_length = 512 is longer"),
+    (["sampling.max_new_tokens=8", "ppo.sampling.max_new_tokens=60"], r"\[ppo.sampling\] max_new_tokens = 60 leaves 4"),
+    (["sampling.max_new_tokens=8", "ppo.sampling.max_new_tokens=8"], r"\[reward\] max_length = 512 is longer"),
 ])
 def test_a_round_the_context_cannot_hold_is_refused_before_it_touches_the_database(short_context_dir, tmp_path,
                                                                                    capsys, setting, message):

@@ -1,5 +1,6 @@
 """PPO samples on-policy with any model: the log-probs recorded while sampling equal the trainer's, whatever the model's
-own generation_config ships and whatever [ppo] sets (temperature, top-k, top-p, min_new_tokens)."""
+own generation_config ships and whatever [ppo.sampling] sets (temperature, top-k, top-p, min_new_tokens, the
+repetition penalty)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.logits_process import (
     MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -19,16 +21,22 @@ from transformers.generation.logits_process import (
 from rlhf.generate import encode_prompt, response_mask_until_eos
 from rlhf.decode import decode
 from rlhf.models import load_causal_lm
-from rlhf.ppo.config import PPOConfig
+from rlhf.ppo.config import PPOConfig, rollout_sampling
 from rlhf.ppo.experience import response_log_probs
 from rlhf.ppo.trainer import PPOTrainer
-from rlhf.warping import Warping, min_new_tokens_removed, top_k_removed, top_p_removed, warp_logits
 from rlhf.reward.model import RewardModel
+from rlhf.sampling import Sampling
+from rlhf.warping import min_new_tokens_removed, top_k_removed, top_p_removed, warp_logits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPTS = ["hello there", "what is two plus two", "tell me a joke", "name a colour"]
 NEG = float("-inf")
+
+
+def only(**settings) -> Sampling:
+    """These settings and nothing else: temperature 1, no top-k, top-p or repetition penalty unless given."""
+    return Sampling(**{"temperature": 1.0, "top_p": 1.0, "repetition_penalty": 1.0, **settings})
 
 
 # ----- the warpers, on logits worked out by hand -----
@@ -58,33 +66,49 @@ def test_warping_runs_eos_then_temperature_then_top_k_then_top_p():
     # EOS (id 0) first: with it gone, top-2 keeps tokens 1 and 2; top-k before the EOS mask would keep token 1 alone
     logits = torch.tensor([[[5.0, 4.0, 3.0, 1.0], [5.0, 4.0, 3.0, 1.0]]])  # (1, 2, 4)
     tokens = torch.tensor([[1, 0]])
-    warped = warp_logits(logits, tokens, top_k=2, min_new_tokens=1, eos_ids=(0,))
+    warped = warp_logits(logits, tokens, only(top_k=2, min_new_tokens=1), eos_ids=(0,))
     log_probs = warped.log_softmax(-1)
     assert log_probs[0, 0, 1].item() == pytest.approx(4 - math.log(math.exp(4) + math.exp(3)))
     assert log_probs[0, 1, 0].item() == pytest.approx(5 - math.log(math.exp(5) + math.exp(4)))  # EOS allowed at t=1
     # temperature before top-p: at T = 0.5 the probabilities [.1, .2, .3, .4] become [.01, .04, .09, .16] / .3, and
     # top-p 0.8 keeps tokens 2 and 3 (at T = 1 it would keep 1, 2 and 3): p(2) = .09 / (.09 + .16) = 0.36
     logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().view(1, 1, 4)
-    warped = warp_logits(logits, torch.tensor([[2]]), temperature=0.5, top_p=0.8)
+    warped = warp_logits(logits, torch.tensor([[2]]), only(temperature=0.5, top_p=0.8))
     assert warped.log_softmax(-1)[0, 0, 2].item() == pytest.approx(math.log(0.36), abs=1e-6)
+
+
+def test_the_repetition_penalty_counts_the_tokens_written_before_each_position():
+    # response tokens 2, 0, 2: position 0 has written nothing, position 1 has written 2, position 2 has written 2 and 0
+    tokens = torch.tensor([[2, 0, 2]])
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]]).expand(1, 3, 4)  # (1, 3, 4)
+    warped = warp_logits(logits, tokens, only(repetition_penalty=2.0))
+    assert warped[0].tolist() == [[2.0, -2.0, 1.0, 0.5],  # nothing written yet
+                                  [2.0, -2.0, 0.5, 0.5],  # token 2 (positive): 1 / 2
+                                  [1.0, -2.0, 0.5, 0.5]]  # and token 0: 2 / 2; token 1 (negative) never written
+    negative = warp_logits(torch.tensor([[[-1.0, 3.0]]]).expand(1, 2, 2), torch.tensor([[0, 1]]),
+                           only(repetition_penalty=2.0))
+    assert negative[0, 1].tolist() == [-2.0, 3.0]  # a negative logit is multiplied
+    # before the temperature, as transformers orders its processors: (2 / 2) / 0.5 = 2 for token 0 at position 2
+    assert warp_logits(logits, tokens, only(repetition_penalty=2.0, temperature=0.5))[0, 2, 0].item() == 2.0
 
 
 def test_warping_equals_transformers_processors_on_random_logits():
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 50) * 3  # (B, T, V)
     tokens = torch.randint(0, 50, (3, 5))
-    settings = dict(temperature=0.7, top_k=12, top_p=0.8, min_new_tokens=2)
+    settings = dict(temperature=0.7, top_k=12, top_p=0.8, min_new_tokens=2, repetition_penalty=1.5)
     eos = torch.tensor([4, 9])
     prompt = 6
     processors = LogitsProcessorList([
         MinNewTokensLengthLogitsProcessor(prompt, settings["min_new_tokens"], eos),
+        RepetitionPenaltyLogitsProcessor(settings["repetition_penalty"], prompt_ignore_length=prompt),
         TemperatureLogitsWarper(settings["temperature"]),
         TopKLogitsWarper(settings["top_k"]),
         TopPLogitsWarper(settings["top_p"]),
     ])
-    expected = torch.stack([processors(torch.zeros(3, prompt + t, dtype=torch.long), logits[:, t])
-                            for t in range(5)], dim=1)  # (B, T, V)
-    warped = warp_logits(logits, tokens, eos_ids=(4, 9), **settings)
+    written = torch.cat([torch.full((3, prompt), 49, dtype=torch.long), tokens], dim=1)  # prompt, then the response
+    expected = torch.stack([processors(written[:, :prompt + t], logits[:, t]) for t in range(5)], dim=1)  # (B, T, V)
+    warped = warp_logits(logits, tokens, only(**settings), eos_ids=(4, 9))
     kept = torch.isfinite(expected)
     kept.scatter_(-1, tokens.unsqueeze(-1), True)  # plus the sampled token (see below)
     assert torch.equal(torch.isfinite(warped), kept)
@@ -95,7 +119,7 @@ def test_a_sampled_token_the_warping_would_drop_still_scores_finitely():
     # the training pass's logits differ from the sampling pass's in the last bits and may move a token across the
     # top-k boundary: its log-prob must stay finite (no NaN loss), over the kept tokens plus itself
     logits = torch.tensor([[[1.0, 3.0, 2.0]]], requires_grad=True)
-    warped = warp_logits(logits, torch.tensor([[0]]), top_k=1)
+    warped = warp_logits(logits, torch.tensor([[0]]), only(top_k=1))
     log_prob = warped.log_softmax(-1)[0, 0, 0]
     assert log_prob.item() == pytest.approx(1 - math.log(math.exp(1) + math.exp(3)))
     log_prob.backward()
@@ -106,7 +130,7 @@ def test_ppo_refuses_sampling_settings_it_cannot_take_log_probs_of():
     for settings, message in [({"top_k": -1}, "top_k must be 0"), ({"top_p": 0.0}, "top_p must be above 0"),
                               ({"top_p": 1.5}, "at most 1"), ({"min_new_tokens": -2}, "min_new_tokens must be 0")]:
         with pytest.raises(ValueError, match=message):
-            PPOConfig(**settings)
+            PPOConfig(sampling=rollout_sampling(**settings))
 
 
 # ----- whatever the model ships, sampling is ours -----
@@ -135,7 +159,7 @@ def shipping(model, settings: dict):
 @pytest.mark.parametrize("shipped", list(SHIPPED))
 def test_a_models_own_generation_config_changes_nothing_sampled(narrow_model_dir, module_tokenizer, shipped):
     tokenizer = module_tokenizer
-    config = PPOConfig(max_new_tokens=8, temperature=0.7, seed=3, mixed_precision="no")
+    config = PPOConfig(seed=3, mixed_precision="no", sampling=rollout_sampling(max_new_tokens=8, temperature=0.7))
     draws = []
     for settings in ({}, SHIPPED[shipped]):
         model = shipping(load_causal_lm(narrow_model_dir).eval(), settings)
@@ -180,6 +204,8 @@ CASES = [(name, settings, {}) for name, settings in SHIPPED.items()] + [
     ("ppo min_new_tokens", {}, {"min_new_tokens": 4}),
     ("ppo all, model ships a penalty", {"repetition_penalty": 1.1, "min_p": 0.1},
      {"top_k": 20, "top_p": 0.9, "min_new_tokens": 3}),
+    ("ppo repetition_penalty", {}, {"repetition_penalty": 1.3}),
+    ("ppo penalty with top_p", {}, {"repetition_penalty": 1.2, "top_p": 0.9}),
 ]
 
 
@@ -188,17 +214,18 @@ def test_log_probs_recorded_while_sampling_equal_the_trainers(narrow_model_dir, 
     tokenizer = module_tokenizer
     model = shipping(load_causal_lm(narrow_model_dir).eval(), shipped)
     critic = RewardModel.from_causal_lm(narrow_model_dir)
-    config = PPOConfig(max_new_tokens=12, temperature=0.7, seed=3, mixed_precision="no", **ppo)
+    config = PPOConfig(seed=3, mixed_precision="no", sampling=rollout_sampling(max_new_tokens=12, temperature=0.7, **ppo))
     trainer = PPOTrainer(model, critic, tokenizer, config, reward_model=critic,
                          reference=shipping(load_causal_lm(narrow_model_dir), shipped))
     batch = trainer.encode_prompts(PROMPTS)
     with torch.no_grad():
         torch.manual_seed(0)
-        decoded = decode(model, batch["input_ids"], batch["attention_mask"], trainer.decoding, with_log_probs=True)
+        decoded = decode(model, batch["input_ids"], batch["attention_mask"], config.sampling, trainer.ends,
+                         with_log_probs=True)
         chosen, width = decoded.response, decoded.response.shape[1]  # (B, T)
         sampled_from = decoded.log_probs  # (B, T): each token's log-prob under what it was drawn from
         sequences = torch.cat([batch["input_ids"], chosen], dim=1)
-        action_mask, _ = response_mask_until_eos(chosen, trainer.eos_ids)
+        action_mask, _ = response_mask_until_eos(chosen, list(trainer.ends.eos_ids))
         attention_mask = torch.cat([batch["attention_mask"], action_mask], dim=1)
         log_probs, _, entropy = trainer.trainable_forward(sequences, attention_mask, width)
         reference = trainer.reference_log_probs(sequences, attention_mask, width)
@@ -210,12 +237,12 @@ def test_log_probs_recorded_while_sampling_equal_the_trainers(narrow_model_dir, 
     assert torch.isfinite(log_probs).all() and torch.isfinite(entropy).all()  # padding after EOS too
     # the case has teeth: the log-probs the trainer took before (softmax(logits / T) alone) are of another distribution
     if ppo:
-        tempered, _ = response_log_probs(model, sequences, attention_mask, width, warping=Warping(temperature=0.7))
+        tempered, _ = response_log_probs(model, sequences, attention_mask, width, sampling=only(temperature=0.7))
         assert (tempered - sampled_from)[real].abs().max().item() > 1e-3
     # and so is what generate() sampled from before, with the fields it left unset filled from the model's file
     if set(shipped) & {"repetition_penalty", "no_repeat_ngram_size", "min_p"}:
         before = GenerationConfig(do_sample=True, temperature=0.7, top_k=0, top_p=1.0, max_new_tokens=12,
-                                  min_new_tokens=config.min_new_tokens, eos_token_id=trainer.eos_ids,
+                                  min_new_tokens=config.sampling.min_new_tokens, eos_token_id=list(trainer.ends.eos_ids),
                                   pad_token_id=tokenizer.pad_token_id, output_scores=True, return_dict_in_generate=True)
         with torch.no_grad():
             torch.manual_seed(0)
@@ -223,8 +250,8 @@ def test_log_probs_recorded_while_sampling_equal_the_trainers(narrow_model_dir, 
             old_width = len(old.scores)
             old_chosen = old.sequences[:, -old_width:]  # (B, T')
             old_from = torch.stack(old.scores, 1).log_softmax(-1).gather(-1, old_chosen.unsqueeze(-1)).squeeze(-1)
-            old_mask, _ = response_mask_until_eos(old_chosen, trainer.eos_ids)
+            old_mask, _ = response_mask_until_eos(old_chosen, list(trainer.ends.eos_ids))
             old_attention = torch.cat([batch["attention_mask"], old_mask], dim=1)
             old_trained = response_log_probs(model, old.sequences, old_attention, old_width,
-                                             warping=Warping(temperature=0.7))[0]
+                                             sampling=only(temperature=0.7))[0]
         assert (old_trained - old_from)[old_mask.bool()].abs().max().item() > 1e-3

@@ -3,15 +3,22 @@
 import pytest
 
 import app
-from loop.pair_report import PairsReport, earlier_policy, usable
-from loop.pairs import make_pairs
 from annotate.store import Store
-from rlhf.generate import Answer, AnswerSampling
+from loop.pair_request import PairProgress, PairRequest, PairsReport, earlier_policy, usable
+from loop.pairs import make_pairs
+from loop.policies import PolicyModel
+from rlhf.generate import Answer
 from rlhf.models import build_tiny_model
+from rlhf.sampling import Sampling
 
 # The tiny model's random output matrix makes peaked draws: at temperature 1 two samples of a prompt are often the
 # same text (a skipped pair); at 3 they practically never are.
-SHORT = AnswerSampling(max_new_tokens=4, temperature=3.0, batch_size=8, seed=0)
+SHORT = Sampling(max_new_tokens=4, temperature=3.0)
+
+
+def short(n_pairs: int, policy_id: int, **settings) -> PairRequest:
+    """n_pairs pairs of short answers at temperature 3, 8 sequences a batch."""
+    return PairRequest(n_pairs, policy_id, **{"sampling": SHORT, "batch_size": 8, **settings})
 
 
 @pytest.fixture()
@@ -47,8 +54,8 @@ def test_first_start_records_the_base_model_once(store):
 
 def test_sample_pairs_go_to_the_prompts_with_fewest_pairs(store, tiny_model, tokenizer):
     base = store.ensure_base_policy("tiny")
-    first = make_pairs(store, tiny_model, tokenizer, n_pairs=4, policy_id=base.id, sampling=SHORT, seed=0)
-    second = make_pairs(store, tiny_model, tokenizer, n_pairs=4, policy_id=base.id, sampling=SHORT, seed=1)
+    first = make_pairs(store, short(4, base.id, seed=0), PolicyModel(tiny_model, tokenizer))
+    second = make_pairs(store, short(4, base.id, seed=1), PolicyModel(tiny_model, tokenizer))
 
     assert (first.written, first.sample, first.versus) == (4, 4, 0)
     assert (second.written, second.sample, second.versus) == (4, 4, 0)
@@ -61,7 +68,7 @@ def test_sample_pairs_go_to_the_prompts_with_fewest_pairs(store, tiny_model, tok
 
 def test_stored_answers_keep_their_token_counts_and_finish_reason(store, tiny_model, tokenizer):
     base = store.ensure_base_policy("tiny")
-    make_pairs(store, tiny_model, tokenizer, n_pairs=1, policy_id=base.id, sampling=SHORT, seed=0)
+    make_pairs(store, short(1, base.id, seed=0), PolicyModel(tiny_model, tokenizer))
     pair = store.pair(1)
     for generation in (store.generation(pair.gen_a), store.generation(pair.gen_b)):
         assert (generation.n_tokens, generation.finish_reason) == (4, "length")
@@ -71,8 +78,7 @@ def test_stored_answers_keep_their_token_counts_and_finish_reason(store, tiny_mo
 def test_versus_pairs_put_the_newer_policy_on_side_a(store, tiny_model, tokenizer, other_model_dir):
     base = store.ensure_base_policy(str(other_model_dir))
     newer_id = store.add_policy(round=1, path="checkpoints/round-1", parent_id=base.id)
-    report = make_pairs(store, tiny_model, tokenizer, n_pairs=4, policy_id=newer_id, versus_share=0.5,
-                        sampling=SHORT, seed=0)
+    report = make_pairs(store, short(4, newer_id, versus_share=0.5, seed=0), PolicyModel(tiny_model, tokenizer))
 
     assert (report.written, report.sample, report.versus) == (4, 2, 2)
     assert report.versus_policy_id == base.id
@@ -86,16 +92,15 @@ def test_versus_pairs_put_the_newer_policy_on_side_a(store, tiny_model, tokenize
 
 def test_without_an_earlier_policy_every_pair_is_a_sample_pair(store, tiny_model, tokenizer, capsys):
     base = store.ensure_base_policy("tiny")
-    report = make_pairs(store, tiny_model, tokenizer, n_pairs=3, policy_id=base.id, versus_share=1.0,
-                        sampling=SHORT, seed=0)
+    report = make_pairs(store, short(3, base.id, versus_share=1.0, seed=0), PolicyModel(tiny_model, tokenizer))
     assert (report.written, report.sample, report.versus) == (3, 3, 0)
     assert "making sample pairs only" in capsys.readouterr().err
 
 
 def test_identical_answers_make_no_pair(store, tiny_model, tokenizer):
     base = store.ensure_base_policy("tiny")
-    greedy = AnswerSampling(max_new_tokens=4, temperature=0.0)  # both answers to a prompt come out the same
-    report = make_pairs(store, tiny_model, tokenizer, n_pairs=3, policy_id=base.id, sampling=greedy, seed=0)
+    greedy = Sampling(max_new_tokens=4, temperature=0.0)  # both answers to a prompt come out the same
+    report = make_pairs(store, PairRequest(3, base.id, sampling=greedy, seed=0), PolicyModel(tiny_model, tokenizer))
     assert (report.written, report.skipped_identical) == (0, 3)
     assert store.count_pairs() == 0 and store.stats()["generations"] == 0
 
@@ -112,9 +117,14 @@ def test_empty_or_identical_answers_are_not_usable():
 def test_progress_is_reported_per_prompt_with_its_pair_already_stored(store, tiny_model, tokenizer):
     base = store.ensure_base_policy("tiny")
     calls = []
-    sampling = AnswerSampling(max_new_tokens=2, temperature=3.0, batch_size=4, seed=0)  # 2 prompts per batch
-    make_pairs(store, tiny_model, tokenizer, n_pairs=5, policy_id=base.id, sampling=sampling,
-               progress=lambda done, total: calls.append((done, total, store.count_pairs())))
+
+    class Recorded(PairProgress):
+        def pairs(self, done, total, written):
+            calls.append((done, total, store.count_pairs()))
+
+    request = PairRequest(5, base.id, sampling=Sampling(max_new_tokens=2, temperature=3.0), seed=0,
+                          batch_size=4)  # 2 prompts per batch
+    make_pairs(store, request, PolicyModel(tiny_model, tokenizer), Recorded())
     assert calls == [(done, 5, done) for done in range(1, 6)]  # each pair is in the store when its prompt counts
 
 
@@ -146,7 +156,7 @@ def test_generate_pairs_command_uses_the_base_model_on_a_fresh_database(tmp_path
 
 
 def test_the_pair_child_says_what_it_does_and_counts_every_answer(tmp_path, tiny_model_dir, capsys):
-    # --progress-lines: what the app's child prints for the app's status line (annotate.generation_job)
+    # --progress-lines: what the app's child prints for the app's status line (loop.children.pair_child)
     with Store(tmp_path / "loop.db") as store:
         store.add_prompts(["Hi?", "Why?", "How?"])
     assert app.main(generate_argv(tmp_path / "loop.db", tiny_model_dir, 3, "--progress-lines")) == 0
@@ -202,7 +212,7 @@ def test_one_seed_gives_the_same_pairs(tiny_model, tokenizer):
         with Store(":memory:") as store:
             store.add_prompts(["One?", "Two?", "Three?"])
             base = store.ensure_base_policy("tiny")
-            unseeded = AnswerSampling(max_new_tokens=3, temperature=1.0, seed=None)
-            make_pairs(store, tiny_model, tokenizer, n_pairs=3, policy_id=base.id, sampling=unseeded, seed=5)
+            request = PairRequest(3, base.id, sampling=Sampling(max_new_tokens=3, temperature=1.0), seed=5)
+            make_pairs(store, request, PolicyModel(tiny_model, tokenizer))
             texts.append([store.generation(g).text for g in range(1, 7)])
     assert texts[0] == texts[1]

@@ -13,12 +13,13 @@ import app
 from annotate.store import Store
 from rlhf.losses import actor_loss, critic_loss
 from rlhf.models import format_prompt, load_causal_lm, load_tokenizer, resolve_model_path
-from rlhf.ppo.trainer import PPOConfig, PPOTrainer
 from rlhf.decode import decode
 from rlhf.generate import response_mask_until_eos
+from rlhf.ppo.config import PPOConfig, rollout_sampling
 from rlhf.ppo.experience import position_ids_from_mask, response_log_probs
-from rlhf.warping import Warping
 from rlhf.ppo.train import _same_model, add_lora, build_ppo_trainer, train_ppo
+from rlhf.ppo.trainer import PPOTrainer
+from rlhf.sampling import Sampling
 from rlhf.reward.model import RewardModel, RewardOutput
 
 PROMPTS = ["hello there", "what is two plus two", "tell me a joke", "name a colour"]
@@ -87,13 +88,13 @@ def zero_head_critic(path) -> RewardModel:
 
 
 def learning_trainer(path, tokenizer, **overrides) -> PPOTrainer:
-    settings = dict(max_new_tokens=4, batch_size=16, mini_batch_size=16, actor_lr=1e-3, critic_lr=1e-3,
-                    whiten_advantages=True, seed=1)
-    config = PPOConfig(**{**settings, **overrides})
+    settings = dict(batch_size=16, mini_batch_size=16, actor_lr=1e-3, critic_lr=1e-3, whiten_advantages=True, seed=1)
+    sampling = {key: overrides.pop(key) for key in list(overrides) if hasattr(Sampling, key)}
+    config = PPOConfig(**{**settings, **overrides}, sampling=rollout_sampling(**{"max_new_tokens": 4, **sampling}))
     actor = load_causal_lm(path)
     # The output layer defines the reward's token set, and Adam would move all 49k rows a full step at once.
     actor.lm_head.requires_grad_(False)
-    reward = half_vocab_reward(actor, tokenizer, config.max_new_tokens)
+    reward = half_vocab_reward(actor, tokenizer, config.sampling.max_new_tokens)
     if config.use_lora:
         return PPOTrainer(add_lora(actor, config, causal_lm=True),
                           add_lora(zero_head_critic(path), config, causal_lm=False), tokenizer, config,
@@ -114,7 +115,7 @@ def favour_eos(model, eos: int, bias: float = 8.0) -> None:
 
 def test_generation_stops_at_eos_and_masks_what_follows(tiny_model_dir, tokenizer):
     eos = tokenizer.eos_token_id
-    config = PPOConfig(max_new_tokens=8, min_new_tokens=2, seed=0)
+    config = PPOConfig(seed=0, sampling=rollout_sampling(max_new_tokens=8, min_new_tokens=2))
     trainer = PPOTrainer(load_causal_lm(tiny_model_dir), zero_head_critic(tiny_model_dir), tokenizer, config,
                          reward_model=TokenShareReward(torch.tensor([5]), 8), reference=load_causal_lm(tiny_model_dir))
     favour_eos(trainer.unwrapped_actor(), eos)  # likely once min_new_tokens allows it
@@ -157,13 +158,14 @@ def test_response_log_probs_match_each_prefix_computed_alone(tiny_model_dir, tok
 
 def test_generation_log_probs_equal_the_scoring_pass(tiny_model_dir, tokenizer):
     """The distribution the decoder drew from (logits / temperature) gives the trainer's log-probs."""
-    config = PPOConfig(max_new_tokens=6, seed=3, temperature=0.7, mixed_precision="no")
+    config = PPOConfig(seed=3, mixed_precision="no", sampling=rollout_sampling(max_new_tokens=6, temperature=0.7))
     model = load_causal_lm(tiny_model_dir).eval()
     trainer = PPOTrainer(model, zero_head_critic(tiny_model_dir), tokenizer, config,
                          reward_model=TokenShareReward(torch.tensor([5]), 6), reference=load_causal_lm(tiny_model_dir))
     batch = trainer.encode_prompts(PROMPTS)
     with torch.no_grad():
-        decoded = decode(model, batch["input_ids"], batch["attention_mask"], trainer.decoding, with_log_probs=True)
+        decoded = decode(model, batch["input_ids"], batch["attention_mask"], config.sampling, trainer.ends,
+                         with_log_probs=True)
         chosen, width = decoded.response, decoded.response.shape[1]  # (B, T)
         sequences = torch.cat([batch["input_ids"], chosen], dim=1)
         action_mask, _ = response_mask_until_eos(chosen, [tokenizer.eos_token_id])
@@ -189,7 +191,7 @@ def test_log_probs_are_those_of_the_tempered_distribution():
     # T = 1: softmax([0, ln 3]) = [1/4, 3/4]. T = 0.5: softmax([0, 2 ln 3]) = [1/10, 9/10].
     plain, _ = response_log_probs(_FixedLogits(), sequences, mask, 2)
     tempered, entropy = response_log_probs(_FixedLogits(), sequences, mask, 2, with_entropy=True,
-                                           warping=Warping(temperature=0.5))
+                                           sampling=Sampling(temperature=0.5, top_p=1.0, repetition_penalty=1.0))
     assert torch.allclose(plain, torch.tensor([[math.log(3 / 4), math.log(1 / 4)]]))
     assert torch.allclose(tempered, torch.tensor([[math.log(9 / 10), math.log(1 / 10)]]))
     # entropy of [1/10, 9/10] = -(0.1 ln 0.1 + 0.9 ln 0.9) = 0.325083
@@ -198,7 +200,7 @@ def test_log_probs_are_those_of_the_tempered_distribution():
 
 def test_ppo_needs_a_sampling_temperature():
     with pytest.raises(ValueError, match="temperature"):
-        PPOConfig(temperature=0.0)
+        PPOConfig(sampling=rollout_sampling(temperature=0.0))
 
 
 # ----- the experience batch -----
@@ -301,9 +303,9 @@ def test_lora_ppo_learns_with_the_reference_held_once(peaked_model_dir, tokenize
     real = action_mask.bool()
     with torch.inference_mode():
         reference = trainer.reference_log_probs(sequences, attention_mask, width)
-        warping = trainer.warping
-        untouched = response_log_probs(base, sequences, attention_mask, width, warping=warping)[0]
-        trained = response_log_probs(trainer.unwrapped_actor(), sequences, attention_mask, width, warping=warping)[0]
+        sampling = trainer.config.sampling
+        untouched = response_log_probs(base, sequences, attention_mask, width, sampling=sampling)[0]
+        trained = response_log_probs(trainer.unwrapped_actor(), sequences, attention_mask, width, sampling=sampling)[0]
     assert torch.allclose(reference[real], untouched[real], atol=1e-5)
     assert not torch.allclose(trained[real], untouched[real], atol=1e-3)
 
@@ -311,7 +313,7 @@ def test_lora_ppo_learns_with_the_reference_held_once(peaked_model_dir, tokenize
     assert (saved / "model.safetensors").is_file() and not (saved / "adapter_config.json").exists()
     reloaded = load_causal_lm(saved).eval()
     with torch.inference_mode():
-        merged = response_log_probs(reloaded, sequences, attention_mask, width, warping=warping)[0]
+        merged = response_log_probs(reloaded, sequences, attention_mask, width, sampling=sampling)[0]
     assert torch.allclose(merged[real], trained[real], atol=1e-4)
     assert hasattr(trainer.unwrapped_actor(), "disable_adapter")  # merging worked on a copy
 
@@ -376,10 +378,10 @@ def reward_model_dir(tmp_path_factory, tiny_model_dir, module_tokenizer) -> Path
 
 def test_train_ppo_runs_from_folders_and_saves_a_plain_model(tiny_model_dir, reward_model_dir, tmp_path):
     seen = []
-    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=4, steps=2)
+    config = PPOConfig(batch_size=2, mini_batch_size=2, steps=2, sampling=rollout_sampling(max_new_tokens=4))
     result = train_ppo(tiny_model_dir, reward_model_dir, PROMPTS, config, tmp_path / "actor", on_step=seen.append)
     assert [m["ppo/step"] for m in result.history] == [1, 2] and seen == result.history
-    assert result.config["max_new_tokens"] == 4 and result.config["temperature"] == 0.7
+    assert result.config["sampling"]["max_new_tokens"] == 4 and result.config["sampling"]["temperature"] == 0.7
     assert load_causal_lm(result.saved_path).config.vocab_size == 49152
 
 
@@ -390,7 +392,7 @@ def test_a_reward_function_scores_the_decoded_answers_in_place_of_the_reward_mod
         seen.append(list(texts))
         return [1.0] * len(texts)
 
-    config = PPOConfig(batch_size=4, mini_batch_size=4, max_new_tokens=6, seed=3)
+    config = PPOConfig(batch_size=4, mini_batch_size=4, seed=3, sampling=rollout_sampling(max_new_tokens=6))
     trainer = build_ppo_trainer(tiny_model_dir, reward_model_dir, config, reward_function=plus_one)
     assert trainer.reward_model is None  # never loaded: the function scores the answers
     tokenizer, eos, pad = trainer.tokenizer, trainer.tokenizer.eos_token_id, trainer.tokenizer.pad_token_id
@@ -398,11 +400,11 @@ def test_a_reward_function_scores_the_decoded_answers_in_place_of_the_reward_mod
     response = torch.tensor([words[0] + [eos] + [pad] * (5 - len(words[0])),  # ended: the EOS and padding left out
                              (words[1] * 2)[:6]])  # (2, 6); cut at the limit: every token kept
     prompt = torch.tensor([[pad, 17, 18], [19, 20, 21]])  # (2, 3) left-padded
-    action_mask, _ended = response_mask_until_eos(response, trainer.eos_ids)  # (2, 6)
+    action_mask, ended = response_mask_until_eos(response, list(trainer.ends.eos_ids))  # (2, 6)
     sequences = torch.cat([prompt, response], dim=1)  # (2, 9)
     expected = ["Hello world", tokenizer.decode((words[1] * 2)[:6]).strip()]
-    assert trainer.answer_texts(sequences, action_mask) == expected
-    scores = trainer.reward_scores(sequences, torch.ones_like(sequences), action_mask)
+    assert trainer.answer_texts(sequences, action_mask, ended) == expected
+    scores = trainer.reward_scores(sequences, torch.ones_like(sequences), action_mask, ended)
     assert scores.tolist() == [1.0, 1.0] and seen == [expected]
     metrics = trainer.step(PROMPTS)
     assert metrics["ppo/score"] == 1.0  # the function's score, as produced (before normalisation and clipping)
@@ -410,7 +412,8 @@ def test_a_reward_function_scores_the_decoded_answers_in_place_of_the_reward_mod
 
 
 def test_bf16_autocasts_every_model_kept_in_fp32(tiny_model_dir, reward_model_dir):
-    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=4, mixed_precision="bf16")
+    config = PPOConfig(batch_size=2, mini_batch_size=2, mixed_precision="bf16",
+                       sampling=rollout_sampling(max_new_tokens=4))
     trainer = build_ppo_trainer(tiny_model_dir, reward_model_dir, config)
     assert trainer.accelerator.mixed_precision == "bf16"
     # fp32 weights everywhere: AdamW updates stay exact, and a frozen reference computes as the actor does
@@ -421,8 +424,8 @@ def test_bf16_autocasts_every_model_kept_in_fp32(tiny_model_dir, reward_model_di
     # reference (or a bf16 division by the temperature) measured 0.03-0.04 per answer on the default model
     assert abs(metrics["ppo/kl"]) < 1e-6
     assert math.isfinite(metrics["ppo/value_loss"])
-    fp32 = build_ppo_trainer(tiny_model_dir, reward_model_dir, PPOConfig(batch_size=2, mini_batch_size=2,
-                                                                         max_new_tokens=4, mixed_precision="no"))
+    fp32 = build_ppo_trainer(tiny_model_dir, reward_model_dir, PPOConfig(
+        batch_size=2, mini_batch_size=2, mixed_precision="no", sampling=rollout_sampling(max_new_tokens=4)))
     assert fp32.accelerator.mixed_precision == "no"  # one process may switch precision (reward model, then PPO)
 
 
@@ -446,7 +449,7 @@ def test_command_trains_from_a_prompt_file(tiny_model_dir, reward_model_dir, tmp
     # the flags set [ppo]: PPOConfig's own checks refuse them, naming the section (--steps 0 is ppo.steps = 0, the
     # default: `epochs` passes over the prompts)
     (["--reward-model", "{rm}", "--steps", "-1"], "[ppo]: steps must be 0 (epochs passes over the prompts) or more"),
-    (["--reward-model", "{rm}", "--ppo-max-new-tokens", "0"], "max_new_tokens at least 1 (got 0, 1 and 0)"),
+    (["--reward-model", "{rm}", "--ppo-max-new-tokens", "0"], "max_new_tokens must be at least 1, not 0"),
     (["--reward-model", "{rm}", "--ppo-batch-size", "0"], "[ppo]: batch_size, mini_batch_size and ppo_epochs must be at "
                                                           "least 1"),
 ])
@@ -516,7 +519,7 @@ def test_lora_shares_weights_only_with_the_same_folder(tmp_path, monkeypatch):
 def test_one_ppo_step_of_the_default_model(tmp_path):
     path = resolve_model_path("default")
     RewardModel.from_causal_lm(path).save_pretrained(tmp_path / "rm", tokenizer=load_tokenizer(path))
-    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=8, steps=1)
+    config = PPOConfig(batch_size=2, mini_batch_size=2, steps=1, sampling=rollout_sampling(max_new_tokens=8))
     trainer = build_ppo_trainer(path, tmp_path / "rm", config)
     metrics = trainer.step(PROMPTS[:2])
     assert all(math.isfinite(value) for value in metrics.values()), metrics

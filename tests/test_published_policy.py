@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from annotate.store import Store
 from loop.config_files import load_config
-from rlhf.ppo.config import PPOConfig
+from rlhf.ppo.config import PPOConfig, rollout_sampling
 from rlhf.ppo.model_card import model_card
 from rlhf.ppo.train import train_ppo
 from rlhf.reward.model import RewardModel
@@ -29,7 +29,7 @@ def test_model_card_names_base_model_round_votes_and_metrics():
     card = model_card("Qwen/Qwen2.5-0.5B-Instruct", round_number=3, n_votes=412, n_pairs=301,
                       metrics={"rm/heldout_accuracy": 0.7125, "ppo/kl": 0.01234, "ppo/score": 1.5, "history": [{}],
                                "round/stage": "ppo", "rm/n_heldout": 40, "round/normalize_rewards": True},
-                      sampling={"temperature": 0.7, "top_k": 0, "top_p": 1.0})
+                      sampling=rollout_sampling())
     assert card.startswith("---\nbase_model: Qwen/Qwen2.5-0.5B-Instruct\n")
     assert "# Policy of round 3" in card
     assert "- **Base model:** `Qwen/Qwen2.5-0.5B-Instruct`" in card
@@ -38,6 +38,18 @@ def test_model_card_names_base_model_round_votes_and_metrics():
     assert "| `rm/n_heldout` | 40 |" in card
     assert "history" not in card and "round/stage" not in card  # only the reward model's and PPO's numbers
     assert "temperature 0.7, no top-k, no top-p" in card
+
+
+def test_a_repetition_penalty_ppo_sampled_with_is_stated_and_none_is_added_without_one(tokenizer):
+    from rlhf.decode import EndTokens
+    from rlhf.ppo.experience import policy_generation_config
+
+    ends = EndTokens((tokenizer.eos_token_id,), tokenizer.pad_token_id)
+    penalised = policy_generation_config(tokenizer, rollout_sampling(repetition_penalty=1.2), ends).to_diff_dict()
+    plain = policy_generation_config(tokenizer, rollout_sampling(), ends).to_diff_dict()
+    assert penalised["repetition_penalty"] == 1.2 and "repetition_penalty" not in plain
+    card = model_card("base", sampling=rollout_sampling(repetition_penalty=1.2))
+    assert "temperature 0.7, no top-k, no top-p, repetition penalty 1.2 on the answer's tokens" in card
 
 
 def test_model_card_puts_only_a_hub_id_in_the_metadata():
@@ -84,7 +96,7 @@ def assert_publishable(folder: Path) -> str:
 
 
 def test_train_ppo_saves_a_folder_a_user_can_publish(shipping_model_dir, reward_model_dir, tmp_path):
-    config = PPOConfig(batch_size=2, mini_batch_size=2, max_new_tokens=4, steps=1)
+    config = PPOConfig(batch_size=2, mini_batch_size=2, steps=1, sampling=rollout_sampling(max_new_tokens=4))
     result = train_ppo(shipping_model_dir, reward_model_dir, PROMPTS, config, tmp_path / "actor")
     card = assert_publishable(result.saved_path)
     assert f"- **Base model:** `{shipping_model_dir}`" in card
@@ -104,7 +116,8 @@ def test_a_rounds_policy_folder_carries_the_rounds_card(tiny_model_dir, reward_m
         store.record_vote(pair_id, annotator, choice, a_on_left=True)
     round_id = store.start_round(pid=1)
     store.update_round_metrics(round_id, {"rm/heldout_accuracy": 0.8125, "round/stage": "reward"})
-    config = load_config(None, ["ppo.steps=1", "ppo.batch_size=2", "ppo.mini_batch_size=2", "ppo.max_new_tokens=4"])
+    config = load_config(None, ["ppo.steps=1", "ppo.batch_size=2", "ppo.mini_batch_size=2",
+                                 "ppo.sampling.max_new_tokens=4"])
     plan = RoundPlan(round_id=round_id, policy_round=1, preferences=[("hello there", "Hello there, friend.", "Hi!")],
                      new_pairs=1, reference_path=str(tiny_model_dir), actor_path=str(tiny_model_dir),
                      actor_policy_id=base.id, reward_warm_start=None, ppo_prompts=PROMPTS[:2],

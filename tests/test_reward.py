@@ -221,9 +221,9 @@ def test_sharing_the_prompt_gives_the_same_loss_and_gradients_as_whole_sequences
 
 
 def test_a_pair_held_out_once_stays_held_out_in_every_later_round():
-    """Issue 16's reproduction: the seeded split by pair, drawn afresh each round (split_pairs(range(100), .1, 1) then
-    split_pairs(range(140), .1, 2)), put 8 of round 2's 14 held-out pairs in round 1's training set, and the "full"
-    strategy warm-starts from round 1's model. The split by a hash of the prompt needs no seed and no storage."""
+    """The bug this guards against: the seeded split by pair, drawn afresh each round (split_pairs(range(100), .1, 1)
+    then split_pairs(range(140), .1, 2)), put 8 of round 2's 14 held-out pairs in round 1's training set, and the
+    "full" strategy warm-starts from round 1's model. The split by a hash of the prompt needs no seed and no storage."""
     round_1 = [PreferencePair(f"Prompt number {i}.", "chosen", "rejected") for i in range(100)]
     round_2 = round_1 + [PreferencePair(f"Prompt number {i}.", "chosen", "rejected") for i in range(100, 140)]
     train_1, heldout_1 = split_pairs(round_1, 0.1)

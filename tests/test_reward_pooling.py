@@ -136,12 +136,12 @@ def mean_reward_dir(full_model, tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("use_lora", [False, True])
 def test_ppo_scores_the_response_mean_and_trains_a_step(tiny_model_dir, mean_reward_dir, use_lora):
-    from rlhf.ppo.trainer import PPOConfig
+    from rlhf.ppo.config import PPOConfig, rollout_sampling
     from rlhf.ppo.train import build_ppo_trainer
 
     # fp32: compared to 1e-5 with the reward model run alone (auto would be bf16 on a CPU with native bf16)
-    config = PPOConfig(batch_size=3, mini_batch_size=3, max_new_tokens=5, seed=0, use_lora=use_lora,
-                       mixed_precision="no")
+    config = PPOConfig(batch_size=3, mini_batch_size=3, seed=0, use_lora=use_lora, mixed_precision="no",
+                       sampling=rollout_sampling(max_new_tokens=5))
     # the critic starts from the reward model: one decoder layer, per-position values
     trainer = build_ppo_trainer(tiny_model_dir, mean_reward_dir, config)
     critic = trainer.unwrapped_critic()

@@ -93,7 +93,8 @@ def test_bootstrap_heads_disagree_more_far_from_the_votes_and_on_ambiguous_pairs
     fit = bt_head.fit_head(chosen - rejected, seed=0)
     heads = bt_head.fit_bootstrap_heads(chosen - rejected, fit.lam, n_heads=16, seed=0)  # (16, 8)
     near = bt_head.ensemble_disagreement(heads, chosen[:20] * 0.2, rejected[:20] * 0.2)  # (20,)
-    far = bt_head.ensemble_disagreement(heads, chosen[:20] * 0.2 + 6 * torch.randn(20, 8), rejected[:20] * 0.2)
+    away = 6 * torch.randn(20, 8, generator=torch.Generator().manual_seed(1))  # not the global random state
+    far = bt_head.ensemble_disagreement(heads, chosen[:20] * 0.2 + away, rejected[:20] * 0.2)
     assert far.mean() > 2 * near.mean()
     generator = torch.Generator().manual_seed(3)
     a = torch.randn(400, 8, generator=generator)

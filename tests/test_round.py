@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 import app
+from loop.pair_request import PairRequest
 from loop.pairs import make_pairs
 from annotate.simulate import resolve_judge, simulate_votes
 from annotate.store import Store
 from loop.config_files import load_config
-from rlhf.generate import AnswerSampling
+from rlhf.sampling import Sampling
 from loop.round_lock import RoundLock
 from loop.round import run_round
 
@@ -27,8 +28,8 @@ def tiny_settings(tmp_path: Path, ppo_steps: int = 1) -> list[str]:
         "round.min_new_pairs=4", "round.min_accuracy=0.0", "round.ppo_prompts=8", "round.next_pairs=6",
         f"round.checkpoints_dir={tmp_path / 'checkpoints'}",
         "reward.batch_size=4", "reward.max_length=96", "reward.heldout_fraction=0.25", "reward.min_pairs=4",
-        f"ppo.steps={ppo_steps}", "ppo.batch_size=4", "ppo.mini_batch_size=4", "ppo.max_new_tokens=8",
-        "sampling.max_new_tokens=12", "sampling.batch_size=8",
+        f"ppo.steps={ppo_steps}", "ppo.batch_size=4", "ppo.mini_batch_size=4",
+        "ppo.sampling.max_new_tokens=8", "sampling.max_new_tokens=12", "pairs.batch_size=8",
     ]
 
 
@@ -36,7 +37,7 @@ def seed_votes(db: Path, model_dir: Path, n_pairs: int = 12) -> None:
     store = Store(db)
     store.add_prompts(PROMPTS, source="test")
     policy = store.ensure_base_policy(str(model_dir))
-    make_pairs(store, str(model_dir), None, n_pairs, policy.id, sampling=AnswerSampling(max_new_tokens=12, seed=0))
+    make_pairs(store, PairRequest(n_pairs, policy.id, sampling=Sampling(max_new_tokens=12), seed=0))
     simulate_votes(store, resolve_judge("longer"), "sim", n_votes=n_pairs)
     store.close()
 
@@ -258,7 +259,7 @@ def test_one_small_round_of_the_default_model_completes(tmp_path):
     store = Store(db)
     store.add_prompts(PROMPTS[:8], source="test")
     policy = store.ensure_base_policy("default")
-    make_pairs(store, "default", None, 8, policy.id, sampling=AnswerSampling(max_new_tokens=16, seed=0))
+    make_pairs(store, PairRequest(8, policy.id, sampling=Sampling(max_new_tokens=16), seed=0))
     simulate_votes(store, resolve_judge("longer"), "sim", n_votes=8)
     overrides = tiny_settings(tmp_path) + ["sampling.max_new_tokens=16", "round.next_pairs=2", "round.versus_share=0.0"]
     result = run_round(db, "default", load_config(None, overrides), log=lambda message: None)
@@ -287,9 +288,9 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     judged_prompts = []
     answers_of = loop.policies.policy_answers
 
-    def recording_policy_answers(policy_path, prompts, sampling, per_prompt):
+    def recording_policy_answers(policy_path, prompts, sampling, per_prompt, *args):
         judged_prompts.append((policy_path, list(prompts)))
-        return answers_of(policy_path, prompts, sampling, per_prompt)
+        return answers_of(policy_path, prompts, sampling, per_prompt, *args)
 
     monkeypatch.setattr(loop.policies, "policy_answers", recording_policy_answers)
     db = tmp_path / "demo.db"

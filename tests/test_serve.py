@@ -78,16 +78,16 @@ def test_children_of_the_app_read_the_apps_own_configuration(tmp_path):
     command = child_command(path, config, "--generate-pairs", "4")
     assert command[0] == sys.executable and command[1].endswith("app.py")
     assert command[2:6] == ["--generate-pairs", "4", "--config", str(path)]
-    assert command[6:].count("--set") == len(command[6:]) // 2 and "sampling.seed=none" in command
+    assert command[6:].count("--set") == len(command[6:]) // 2 and "pairs.seed=none" in command
     again = load_config(path, command[7::2], default_file=None)
     assert again.as_dict() == config.as_dict() and again.sampling.temperature == 0.3
 
 
 def test_a_child_keeps_what_the_app_unset_even_when_rlhf_loop_toml_sets_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "rlhf-loop.toml").write_text('[sampling]\nseed = 5\n[reward]\nwarm_start = "rm-dir"\n')
-    config = load_config(None, ["sampling.seed=none", "reward.warm_start=None", "app.db=team.db"])
-    assert (config.sampling.seed, config.reward.warm_start) == (None, None)
+    (tmp_path / "rlhf-loop.toml").write_text('[pairs]\nseed = 5\n[reward]\nwarm_start = "rm-dir"\n')
+    config = load_config(None, ["pairs.seed=none", "reward.warm_start=None", "app.db=team.db"])
+    assert (config.pairs.seed, config.reward.warm_start) == (None, None)
     command = child_command(write_child_config(config), config, "--train-round")
     child = load_config(command[command.index("--config") + 1], command[command.index("--config") + 3::2])
     assert child.as_dict() == config.as_dict()

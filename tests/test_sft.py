@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import app
-from rlhf.generate import AnswerSampling, encode_prompt, generate_answers
+from rlhf.generate import encode_prompt, generate_answers
+from rlhf.sampling import Sampling
 from rlhf.models import load_causal_lm, load_tokenizer
 from rlhf.sft.train import (
     IGNORE_INDEX,
@@ -114,7 +115,7 @@ def test_sft_lowers_the_loss_and_the_model_learns_to_give_the_answer(tiny_model_
     assert result.losses[-1] < 0.05 * result.losses[0]
     assert (tmp_path / "sft" / "model.safetensors").is_file()
     model, tokenizer = load_causal_lm(tmp_path / "sft"), load_tokenizer(tmp_path / "sft")
-    greedy = AnswerSampling(max_new_tokens=6, temperature=0.0)
+    greedy = Sampling(max_new_tokens=6, temperature=0.0)
     (answer,), = generate_answers(model, tokenizer, ["What colour is the sky?"], 1, greedy).answers
     assert (answer.text, answer.n_tokens, answer.finish_reason) == ("blue sky", 2, "stop")
 

@@ -21,6 +21,7 @@ from collections import deque
 from typing import Callable
 
 from loop.children.pair_job import JobReporter
+from loop.pair_request import PairProgress
 
 PROGRESS_PREFIX = "pairs-progress"
 ANSWERS_PREFIX = "pairs-answers"
@@ -29,7 +30,7 @@ STAGE_PREFIX = "pairs-stage"
 WRITTEN_PREFIX = "pairs-written"
 
 
-class ChildLines:
+class ChildLines(PairProgress):
     """The child's end: prints the protocol's lines (flushed at once, so the parent reads them as they come).
 
     `step` prints about once every `every_s` seconds the batch's token and its pace since the batch began, from which
@@ -47,7 +48,7 @@ class ChildLines:
     def stage(self, text: str) -> None:
         self._print(f"{STAGE_PREFIX} {text}")
 
-    def pairs(self, done: int, total: int) -> None:
+    def pairs(self, done: int, total: int, written: int = 0) -> None:
         self._print(f"{PROGRESS_PREFIX} {int(done)} {int(total)}")
 
     def answers(self, done: int, planned: int) -> None:

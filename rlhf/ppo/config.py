@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
+
+from rlhf.sampling import Sampling
 
 RewardFunction = Callable[[list[str]], list[float]]
 """Texts of a batch's answers -> one score each, higher preferred: a reward given as a function of the answer's text
 (the demo's oracle: a simulated annotator's own score), in place of a reward model. Here, beside the settings, so that
 the round names it without importing torch."""
+
+
+ROLLOUT_SAMPLING = {"max_new_tokens": 48, "top_p": 1.0, "repetition_penalty": 1.0}
+"""Where PPO's rollouts differ from Sampling's defaults (the pairs people rank): short answers (48 tokens: a round's
+budget), no nucleus, no repetition penalty; temperature 0.7, no top-k and no min_new_tokens as there."""
+
+
+def rollout_sampling(**settings) -> Sampling:
+    """PPO's default rollout sampling with `settings` changed."""
+    return Sampling(**{**ROLLOUT_SAMPLING, **settings})
 
 
 @dataclass
@@ -33,19 +45,11 @@ class PPOConfig:
     """Prompts per experience batch (per process)."""
     mini_batch_size: int = 8
     """Sequences per optimiser step within a batch of experience."""
-    max_new_tokens: int = 48
-    """Longest response sampled."""
-    min_new_tokens: int = 0
-    """EOS is suppressed before this many tokens (in the log-probs too); = max_new_tokens always generates the full
-    length (benches)."""
-    temperature: float = 0.7
-    """Sampling temperature, > 0; log-probs, ratios and KL use softmax(logits / temperature), the distribution
-    sampled from (as TRL does; DeepSpeed-Chat takes the raw logits)."""
-    top_k: int = 0
-    """Sample among the k most likely tokens only, and take log-probs and KL over them; 0 = off."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold, in the log-probs and KL too; 1.0 = off. Nothing else shapes PPO's sampling: a
-    model's own generation_config.json (repetition penalty, min-p...) is ignored (rlhf.generation_config)."""
+    sampling: Sampling = field(default_factory=lambda: rollout_sampling())
+    """How rollouts are sampled ([ppo.sampling]): 48 tokens at most, temperature 0.7, no top-k, top-p or repetition
+    penalty by default. Log-probs, ratios and the KL are taken under the same settings, the distribution sampled from
+    (as TRL divides by the temperature; DeepSpeed-Chat takes the raw logits), and a saved policy's
+    generation_config.json states them; temperature must be above 0 (PPO samples)."""
     max_prompt_length: int = 256
     """Prompts are cut to their last this many tokens (the end holds the chat template's generation prompt)."""
     actor_lr: float = 3e-5
@@ -98,19 +102,12 @@ class PPOConfig:
     def __post_init__(self):
         if self.batch_size < 1 or self.mini_batch_size < 1 or self.ppo_epochs < 1:
             raise ValueError("batch_size, mini_batch_size and ppo_epochs must be at least 1")
-        if self.steps < 0 or self.epochs < 1 or self.max_new_tokens < 1:  # else PPO runs no step at all
-            raise ValueError(f"steps must be 0 (epochs passes over the prompts) or more, epochs and max_new_tokens at "
-                             f"least 1 (got {self.steps}, {self.epochs} and {self.max_new_tokens})")
-        if self.min_new_tokens > self.max_new_tokens:
-            raise ValueError("min_new_tokens cannot exceed max_new_tokens")
-        if self.min_new_tokens < 0:
-            raise ValueError(f"min_new_tokens must be 0 (off) or more, not {self.min_new_tokens}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be above 0 (PPO samples), not {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be 0 (off) or a number of tokens, not {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be above 0 and at most 1 (1 = off), not {self.top_p}")
+        if self.steps < 0 or self.epochs < 1:  # else PPO runs no step at all
+            raise ValueError(f"steps must be 0 (epochs passes over the prompts) or more and epochs at least 1 (got "
+                             f"{self.steps} and {self.epochs})")
+        self.sampling.__post_init__()
+        if not self.sampling.temperature > 0:
+            raise ValueError(f"sampling.temperature must be above 0 (PPO samples), not {self.sampling.temperature}")
         if self.stop_at_kl < 0:
             raise ValueError(f"stop_at_kl must be 0 (off) or a KL per answer above 0, not {self.stop_at_kl}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):

@@ -13,10 +13,11 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import GenerationConfig
 
-from rlhf.decode import Decoding, decode, position_ids_from_mask
+from rlhf.decode import EndTokens, decode, position_ids_from_mask
 from rlhf.generate import response_mask_until_eos
 from rlhf.losses import entropy_from_logits, gather_log_probs
-from rlhf.warping import Warping
+from rlhf.sampling import Sampling
+from rlhf.warping import warp_logits
 
 Tensor = torch.Tensor
 
@@ -62,54 +63,51 @@ class Experience:
         return Experience(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
-def rollout_decoding(tokenizer, warping: Warping, max_new_tokens: int) -> Decoding:
-    """PPO's sampling: `warping` (temperature, top-k, top-p, min_new_tokens) and nothing else, so `response_log_probs`
-    with the same `warping` gives the log-probs of the distribution the tokens were drawn from."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else warping.eos_ids[0]
-    return Decoding(max_new_tokens=max_new_tokens, eos_ids=tuple(warping.eos_ids), pad_id=pad_id,
-                    temperature=warping.temperature, top_k=warping.top_k, top_p=warping.top_p,
-                    min_new_tokens=warping.min_new_tokens)
-
-
-def policy_generation_config(tokenizer, warping: Warping) -> GenerationConfig:
+def policy_generation_config(tokenizer, sampling: Sampling, ends: EndTokens) -> GenerationConfig:
     """The generation_config.json of a saved policy: the sampling PPO trained it under and nothing else.
 
     Neither the base model's own settings (a shipped repetition penalty was never part of training) nor the training
     run's lengths (max_new_tokens is the loop's budget, min_new_tokens a bench setting). top_k 0 is written out: left
-    unset, transformers would sample with its default top-k of 50.
+    unset, transformers would sample with its default top-k of 50. A repetition penalty PPO sampled with is written
+    as transformers' `repetition_penalty`, the nearest it has (it counts the prompt's tokens too, ours the answer's
+    only); without one the key is left out.
     """
+    penalty = {"repetition_penalty": sampling.repetition_penalty} if sampling.repetition_penalty != 1.0 else {}
     return GenerationConfig(
         do_sample=True,
-        temperature=warping.temperature,
-        top_k=warping.top_k,
-        top_p=warping.top_p,
-        eos_token_id=list(warping.eos_ids),
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        **penalty,
+        eos_token_id=list(ends.eos_ids),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
 
 
 def generate_responses(
-    actor, prompt_ids: Tensor, prompt_mask: Tensor, decoding: Decoding
+    actor, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling, ends: EndTokens
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Sample one response per prompt (rlhf.decode); returns (sequences, attention_mask, action_mask, ended).
+    """Sample one response per prompt with `sampling` alone (rlhf.decode); returns (sequences, attention_mask,
+    action_mask, ended).
 
     `actor` is the unwrapped model; call under torch.no_grad. The response is padded to the longest one in the batch
     (decoding stops when every row has written EOS or at the limit).
     """
-    decoded = decode(actor, prompt_ids, prompt_mask, decoding)
-    action_mask, _ = response_mask_until_eos(decoded.response, list(decoding.eos_ids))  # (B, T): to the first EOS
+    decoded = decode(actor, prompt_ids, prompt_mask, sampling, ends)
+    action_mask, _ = response_mask_until_eos(decoded.response, list(ends.eos_ids))  # (B, T): to the first EOS
     attention_mask = torch.cat([prompt_mask.long(), action_mask], dim=1)  # (B, P+T)
     return torch.cat([prompt_ids, decoded.response], dim=1), attention_mask, action_mask, decoded.ended
 
 
 def response_log_probs(
     model, sequences: Tensor, attention_mask: Tensor, response_width: int, with_entropy: bool = False,
-    warping: Warping = Warping(),
+    sampling: Sampling | None = None, eos_ids: tuple[int, ...] = (),
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (B, T) of the response tokens under the warped distribution, and its entropy (B, T) when asked.
+    """Log-probs (B, T) of the response tokens under the distribution `sampling` draws from (None: the raw logits'),
+    and its entropy (B, T) when asked; `eos_ids` are the ids its min_new_tokens holds back.
 
-    PPO passes its sampling settings (temperature, top-k, top-p, min_new_tokens: rlhf.warping): the log-probs
+    PPO passes its sampling settings (rlhf.warping): the log-probs
     are then those of the distribution the tokens were drawn from (TRL divides by the temperature), so the ratio is
     on-policy and the KL estimate log pi - log pi_ref is unbiased. Raw logits (DeepSpeed-Chat) at temperature 0.7
     make the sampled tokens look likelier than they were drawn, and a round measured a KL of -0.29 per answer.
@@ -124,10 +122,10 @@ def response_log_probs(
         use_cache=False,
     ).logits[:, :-1]  # (B, T, V): the logits at P+t-1 predict response token t
     tokens = sequences[:, -response_width:]  # (B, T)
-    if not warping.is_identity:
+    if sampling is not None and not sampling.is_identity:
         # in fp32: under autocast a frozen model's logits are bf16, the prepared actor's fp32, and a bf16 division
         # would round the two differently (KL 0.04 per answer between identical models instead of 0)
-        logits = warping.apply(logits, tokens)  # (B, T, V) fp32, -inf where generate() could not sample
+        logits = warp_logits(logits, tokens, sampling, eos_ids)  # (B, T, V) fp32, -inf where it could not sample
     log_probs = gather_log_probs(logits, tokens)  # (B, T)
     entropy = None
     if with_entropy:

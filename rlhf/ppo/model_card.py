@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from rlhf.sampling import Sampling
+
 CARD_FILE = "README.md"
 METRIC_PREFIXES = ("rm/", "ppo/")
 """Metrics the card lists: the reward model's (held-out accuracy...) and PPO's means over the run's steps."""
@@ -20,11 +22,12 @@ def _value(value: float) -> str:
     return str(value) if isinstance(value, int) else f"{value:.4g}"
 
 
-def _sampling_line(sampling: dict) -> str:
-    parts = [f"temperature {sampling.get('temperature', 1.0)}"]
-    top_k, top_p = sampling.get("top_k", 0), sampling.get("top_p", 1.0)
-    parts.append(f"top-k {top_k}" if top_k else "no top-k")
-    parts.append(f"top-p {top_p}" if top_p < 1.0 else "no top-p")
+def _sampling_line(sampling: Sampling) -> str:
+    parts = [f"temperature {sampling.temperature}"]
+    parts.append(f"top-k {sampling.top_k}" if sampling.top_k else "no top-k")
+    parts.append(f"top-p {sampling.top_p}" if sampling.top_p < 1.0 else "no top-p")
+    if sampling.repetition_penalty != 1.0:
+        parts.append(f"repetition penalty {sampling.repetition_penalty} on the answer's tokens")
     return ", ".join(parts)
 
 
@@ -34,13 +37,13 @@ def model_card(
     n_votes: int | None = None,
     metrics: dict | None = None,
     n_pairs: int | None = None,
-    sampling: dict | None = None,
+    sampling: Sampling | None = None,
     reward_model: str | None = None,
 ) -> str:
     """README.md of a policy: Hub metadata, what it was trained from and on, its metrics, and how to load it.
 
     `metrics`: any dict (a round's whole metrics will do); the numbers under METRIC_PREFIXES are listed.
-    `sampling`: temperature, top_k, top_p PPO sampled with (what generation_config.json holds).
+    `sampling`: what PPO sampled with (what generation_config.json holds).
     """
     header = ["---"]
     if _HUB_ID.match(base_model):
@@ -64,7 +67,7 @@ def model_card(
         lines.append(f"- **Reward model:** `{reward_model}`")
     if sampling:
         lines.append(f"- **Sampled in training with:** {_sampling_line(sampling)}; generation_config.json holds "
-                     "these settings and nothing else (no repetition penalty of the base model)")
+                     "these settings and nothing else (none of the base model's own)")
     numbers = {key: value for key, value in (metrics or {}).items()
                if key.startswith(METRIC_PREFIXES) and isinstance(value, (int, float)) and not isinstance(value, bool)}
     if numbers:

@@ -67,12 +67,12 @@ def _same_model(a: str | Path, b: str | Path) -> bool:
 def fit_prompt_length(config: PPOConfig, model_config) -> PPOConfig:
     """`config` with max_prompt_length lowered so that prompt + max_new_tokens fit the model's context (refused with
     a ModelSetupError when max_new_tokens leaves no room for a prompt)."""
-    budget = prompt_budget(model_config, config.max_new_tokens, "[ppo] max_new_tokens")
+    budget = prompt_budget(model_config, config.sampling.max_new_tokens, "[ppo.sampling] max_new_tokens")
     if budget is None or budget >= config.max_prompt_length:
         return config
     tell_once(f"PPO: prompts are cut to their last {budget} tokens, not max_prompt_length = "
               f"{config.max_prompt_length}, so that they fit the model's {context_length(model_config)}-token "
-              f"context with max_new_tokens = {config.max_new_tokens}.")
+              f"context with max_new_tokens = {config.sampling.max_new_tokens}.")
     return replace(config, max_prompt_length=budget)
 
 
@@ -131,11 +131,6 @@ def summarise_ppo(history: list[dict]) -> dict:
     return {key: sum(step[key] for step in history) / len(history) for key in keys}
 
 
-def sampling_settings(config: PPOConfig) -> dict:
-    """The settings PPO sampled with, as the model card and the saved generation_config.json state them."""
-    return {"temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p}
-
-
 def train_ppo(
     actor_path: str | Path,
     reward_model_path: str | Path,
@@ -143,20 +138,18 @@ def train_ppo(
     config: PPOConfig,
     out_dir: str | Path,
     reference_path: str | Path | None = None,
-    critic_path: str | Path | None = None,
     on_step: Callable[[dict], None] | None = None,
-    accelerator: Accelerator | None = None,
     reward_function: RewardFunction | None = None,
 ) -> PPOResult:
-    """A PPO run over `prompts` (see `build_ppo_trainer` for the models; `reward_function` scores the answers in place
-    of the reward model); saves the new actor to `out_dir` with a model card naming its base model (the reference),
-    its reward and the run's mean metrics (a round writes its own card over it, with the round and the votes)."""
-    trainer = build_ppo_trainer(actor_path, reward_model_path, config, reference_path, critic_path, accelerator,
-                                reward_function)
+    """A PPO run over `prompts` (see `build_ppo_trainer` for the models: the critic starts from the reward model;
+    `reward_function` scores the answers in place of the reward model); saves the new actor to `out_dir` with a model
+    card naming its base model (the reference), its reward and the run's mean metrics (a round writes its own card over
+    it, with the round and the votes). `on_step(metrics)` after every step."""
+    trainer = build_ppo_trainer(actor_path, reward_model_path, config, reference_path, reward_function=reward_function)
     history = trainer.train(prompts, on_step=on_step)
     saved = trainer.save_actor(out_dir)
     if trainer.accelerator.is_main_process:
         write_model_card(saved, str(reference_path or actor_path), metrics=summarise_ppo(history),
-                         sampling=sampling_settings(trainer.config),
+                         sampling=trainer.config.sampling,
                          reward_model=reward_label(reward_model_path, reward_function))
     return PPOResult(history=history, saved_path=saved, config=asdict(trainer.config))  # max_prompt_length as fitted

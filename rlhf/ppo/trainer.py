@@ -31,7 +31,7 @@ from rlhf.losses import (
     masked_whiten,
     truncation_penalty,
 )
-from rlhf.generate import decode_answer, encode_prompt, eos_token_ids, pad_sequences
+from rlhf.generate import decode_answers, encode_prompt, end_tokens, pad_sequences
 from rlhf.ppo.config import PPOConfig, RewardFunction
 from rlhf.ppo.experience import (
     Experience,
@@ -40,10 +40,8 @@ from rlhf.ppo.experience import (
     policy_generation_config,
     response_log_probs,
     response_values,
-    rollout_decoding,
     sequence_answer_mask,
 )
-from rlhf.warping import Warping
 
 Tensor = torch.Tensor
 
@@ -74,11 +72,8 @@ class PPOTrainer:
                              "function")
         self.reward_function = reward_function
         self.tokenizer = tokenizer
-        self.eos_ids = eos_token_ids(actor, tokenizer)  # the tokenizer's EOS and the model's configured ones
-        # one set of sampling settings for generate() and for every log-prob (actor, old, reference)
-        self.warping = Warping(config.temperature, config.top_k, config.top_p, config.min_new_tokens,
-                               tuple(self.eos_ids))
-        self.decoding = rollout_decoding(tokenizer, self.warping, config.max_new_tokens)
+        self.ends = end_tokens(actor, tokenizer)  # the tokenizer's EOS and the model's configured ones
+        # one Sampling (config.sampling) for the rollouts and for every log-prob (actor, old, reference)
         lora = config.use_lora
         actor_optimizer = self._optimizer(actor, config.lora_lr if lora else config.actor_lr)
         critic_optimizer = self._optimizer(critic, config.lora_lr if lora else config.critic_lr)
@@ -117,20 +112,25 @@ class PPOTrainer:
         device = self.accelerator.device
         return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
 
-    def reference_log_probs(self, sequences: Tensor, attention_mask: Tensor, width: int) -> Tensor:
-        """(B, T) reference log-probs under the same sampling warping as the actor's (so equal weights give a KL of
-        exactly 0, and a token the reference's own top-k/top-p would drop still scores finitely); inference_mode."""
-        if self.reference is not None:
-            return response_log_probs(self.reference, sequences, attention_mask, width, warping=self.warping)[0]
-        with self.unwrapped_actor().disable_adapter():
-            return response_log_probs(self.unwrapped_actor(), sequences, attention_mask, width,
-                                      warping=self.warping)[0]
+    def log_probs(self, model, sequences: Tensor, attention_mask: Tensor, width: int, with_entropy: bool = False):
+        """(log_probs, entropy or None), each (B, T), of `model` under the one sampling of the rollouts
+        (config.sampling): the distribution the tokens were drawn from."""
+        return response_log_probs(model, sequences, attention_mask, width, with_entropy=with_entropy,
+                                  sampling=self.config.sampling, eos_ids=self.ends.eos_ids)
 
-    def reward_scores(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor) -> Tensor:
+    def reference_log_probs(self, sequences: Tensor, attention_mask: Tensor, width: int) -> Tensor:
+        """(B, T) reference log-probs under the same sampling as the actor's (so equal weights give a KL of exactly 0,
+        and a token the reference's own top-k/top-p would drop still scores finitely); inference_mode."""
+        if self.reference is not None:
+            return self.log_probs(self.reference, sequences, attention_mask, width)[0]
+        with self.unwrapped_actor().disable_adapter():
+            return self.log_probs(self.unwrapped_actor(), sequences, attention_mask, width)[0]
+
+    def reward_scores(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor, ended: Tensor) -> Tensor:
         """(B,) reward-model scores of whole sequences (a mean-pooled one averages the response), or the reward
         function's scores of the decoded answers when there is one; inference_mode."""
         if self.reward_function is not None:
-            texts = self.answer_texts(sequences, action_mask)
+            texts = self.answer_texts(sequences, action_mask, ended)
             scores = [float(score) for score in self.reward_function(texts)]
             if len(scores) != len(texts):
                 raise ValueError(f"the reward function returned {len(scores)} scores for {len(texts)} answers")
@@ -142,16 +142,10 @@ class PPOTrainer:
         with critic.disable_adapter():
             return critic.forward_value(sequences, attention_mask, answer_mask).scores
 
-    def answer_texts(self, sequences: Tensor, action_mask: Tensor) -> list[str]:
-        """The batch's answers as text, as people and the demo's judge read them: the response tokens under the action
-        mask, the EOS that ends one left out, special tokens skipped, surrounding whitespace stripped."""
+    def answer_texts(self, sequences: Tensor, action_mask: Tensor, ended: Tensor) -> list[str]:
+        """The batch's answers as text, as people and the demo's judge read them (rlhf.generate.decode_answers)."""
         response = sequences[:, -action_mask.shape[1]:]  # (B, T)
-        texts = []
-        for tokens, mask in zip(response.tolist(), action_mask.tolist()):
-            kept = [token for token, keep in zip(tokens, mask) if keep]
-            ended = bool(kept) and kept[-1] in self.eos_ids
-            texts.append(decode_answer(self.tokenizer, kept[:-1] if ended else kept, ended).text)
-        return texts
+        return [answer.text for answer in decode_answers(self.tokenizer, response, action_mask, ended)]
 
     # ----- phases 4 and 5 -----
 
@@ -182,15 +176,13 @@ class PPOTrainer:
 
     def trainable_forward(self, sequences: Tensor, attention_mask: Tensor, width: int):
         """(log_probs, values, entropy), each (B, T), from actor and critic with gradients."""
-        log_probs, entropy = response_log_probs(self.actor, sequences, attention_mask, width, with_entropy=True,
-                                                warping=self.warping)
+        log_probs, entropy = self.log_probs(self.actor, sequences, attention_mask, width, with_entropy=True)
         values = response_values(self.critic(sequences, attention_mask), width)  # (B, T)
         return log_probs, values, entropy
 
     def frozen_forward(self, sequences: Tensor, attention_mask: Tensor, width: int):
         """(log_probs, values), each (B, T), from actor and critic as they are; call under inference_mode."""
-        log_probs = response_log_probs(self.unwrapped_actor(), sequences, attention_mask, width,
-                                       warping=self.warping)[0]
+        log_probs = self.log_probs(self.unwrapped_actor(), sequences, attention_mask, width)[0]
         values = response_values(self.accelerator.unwrap_model(self.critic)(sequences, attention_mask), width)
         return log_probs, values
 
@@ -230,7 +222,7 @@ class PPOTrainer:
         recast_every_step = self.config.use_lora and self.accelerator.device.type == "cpu"
         with torch.no_grad(), contextlib.nullcontext() if recast_every_step else self.accelerator.autocast():
             return generate_responses(self.unwrapped_actor(), batch["input_ids"], batch["attention_mask"],
-                                      self.decoding)
+                                      self.config.sampling, self.ends)
 
     def evaluate(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor, ended: Tensor,
                  keep_graph: bool = False) -> tuple[Experience, tuple | None]:
@@ -246,7 +238,7 @@ class PPOTrainer:
                     trainable = self.frozen_forward(sequences, attention_mask, width)
             with torch.inference_mode():
                 ref_log_probs = self.reference_log_probs(sequences, attention_mask, width)  # (B, T)
-                reward_score = self.reward_scores(sequences, attention_mask, action_mask)  # (B,)
+                reward_score = self.reward_scores(sequences, attention_mask, action_mask, ended)  # (B,)
         log_probs, values = (t.detach().clone().float() for t in trainable[:2])  # (B, T) each
         # 4 rewards and 5 advantages
         experience = self.make_experience(sequences, attention_mask, action_mask, ended, log_probs,
@@ -348,7 +340,7 @@ class PPOTrainer:
                 actor = _merged_copy(actor)
             out_dir.mkdir(parents=True, exist_ok=True)
             shipped = actor.generation_config
-            actor.generation_config = policy_generation_config(self.tokenizer, self.warping)
+            actor.generation_config = policy_generation_config(self.tokenizer, self.config.sampling, self.ends)
             try:
                 actor.save_pretrained(out_dir, safe_serialization=True)
             finally:

@@ -9,8 +9,8 @@ STRATEGIES = ("head", "ensemble", "lpft", "full")
 GRADED_USES = ("off", "margin", "weight")
 """votes.graded: how a vote's strength enters the head's loss (rlhf.losses.graded_terms checks the same names)."""
 DEFAULT_FEATURE = "mean@2"
-"""The frozen feature of the head strategies: bench/reward_curve.py (25% flips, 10 splits) had the answer-mean of
-layer 2 best at 200 votes (courteous annotator 72%, polite 63%), layer 3 a point behind, the last token at chance."""
+"""The frozen feature of the head strategies: the answer-mean of layer 2 ranked best at 200 votes, the last token at
+chance (docs/few-votes.md, "Held-out accuracy against votes")."""
 
 
 @dataclass
@@ -66,7 +66,7 @@ class RewardTrainConfig:
     """Train the value head only, on the frozen decoder's features."""
     share_prompt: bool = True
     """Run each pair's prompt once for both answers (a KV cache feeds both): the same loss and gradients from
-    ~20% fewer tokens; bench/reward_train.py on the idle 2-core CPU: 1.45 pairs/s against 1.15 without."""
+    ~20% fewer tokens, so more pairs a second (docs/benchmarks.md, "What makes the difference")."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute (turns share_prompt off)."""
     show_progress: bool = True
@@ -93,15 +93,13 @@ class VotesConfig:
     "ensemble", "lpft" (the head, then the feature's last layer fine-tuned under it) or "full"."""
     full_from_votes: int = 1_000_000
     """With "auto": fine-tune all weights from this many votes on. Off: full fine-tuning sat at chance at 89 votes
-    (issue 8) and the curve bench could not afford it on CPU."""
+    and the curve bench could not afford it on CPU (docs/few-votes.md, "A head on frozen features")."""
     ensemble_from_votes: int = 1_000_000
-    """With "auto": the mean of bootstrap heads from this many votes on. Off: on mean@2 the single cross-validated
-    head was 1.2-1.9 points ahead of the ensemble from 128 votes on (the heads are fitted either way, for the
-    disagreement that chooses the next pairs)."""
+    """With "auto": the mean of bootstrap heads from this many votes on. Off: the single cross-validated head was
+    ahead (docs/few-votes.md, "Held-out accuracy against votes"); the bootstrap heads are fitted either way."""
     lpft_from_votes: int = 200
-    """With "auto": LP-FT (rlhf/reward/lpft.py) from this many votes on, the head alone below. At 200 votes it beat
-    the head by 1.5-1.9 points on two tuning annotators and 1.3-2.0 on three held-out ones (docs/few-votes.md,
-    "LP-FT"); fewer votes were not measured. It costs about 1 minute at 300 votes and 3 at 900 on a 2-core CPU."""
+    """With "auto": LP-FT (rlhf/reward/lpft.py) from this many votes on, the head alone below: at 200 votes it beat
+    the head on every annotator measured, for minutes more of CPU (docs/few-votes.md, "LP-FT")."""
     finetune_lr: float = 1e-4
     """LP-FT: Adam's step for the fine-tuned decoder layers (larger steps peaked sooner, then overfitted)."""
     finetune_epochs: int = 5

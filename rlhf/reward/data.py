@@ -262,6 +262,35 @@ def tokenize_pairs(tokenizer, pairs: Sequence[PairLike], max_length: int) -> lis
     ]
 
 
+PAIR_ANSWERS = ("chosen", "rejected")
+"""The answers of a pair, in the order of a batch's rows."""
+
+
+def pad_pair_rows(pairs: Sequence[TokenizedPair], pad_id: int, side: str = "right",
+                  answers: Sequence[str] = PAIR_ANSWERS,
+                  with_prompt: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, answer_mask), each (len(answers) * B, L), padded on `side`: one row per pair for
+    each of `answers` in turn (by default rows [0, B) the chosen sequences, rows [B, 2B) the rejected ones), each
+    row the prompt then that answer, or the answer alone without `with_prompt`. answer_mask is 1 on each row's
+    answer tokens (EOS included), what a mean-pooled score averages over.
+
+    The one place where tokenised pairs become padded tensors: training batches (`PairCollator`), LP-FT's batches
+    and the scoring of single answers (`rlhf.reward.strategies.pad_answers`, a pair whose chosen answer is scored).
+    """
+    unknown = [answer for answer in answers if answer not in PAIR_ANSWERS]
+    if unknown:
+        raise ValueError(f"answers must be among {', '.join(PAIR_ANSWERS)}, not {unknown[0]!r}")
+    rows, answer_flags = [], []
+    for answer in answers:
+        for pair in pairs:
+            prompt_ids = pair.prompt_ids if with_prompt else []
+            answer_ids = pair.chosen_answer_ids if answer == "chosen" else pair.rejected_answer_ids
+            rows.append(prompt_ids + answer_ids)
+            answer_flags.append([0] * len(prompt_ids) + [1] * len(answer_ids))
+    ids, attention_mask = pad_sequences(rows, pad_id, side)  # (kB, L) each
+    return ids, attention_mask, pad_sequences(answer_flags, 0, side)[0]  # answer_mask (kB, L)
+
+
 class PairCollator:
     """collate_fn over `TokenizedPair`s: B pairs -> a dict of tensors for `RewardModel.forward(**batch)`.
 
@@ -276,13 +305,11 @@ class PairCollator:
         self.share_prompt = share_prompt
 
     def __call__(self, pairs: Sequence[TokenizedPair]) -> dict[str, torch.Tensor]:
+        # (2B, L) each: whole sequences, or with a shared prompt the answers alone
+        input_ids, attention_mask, _ = pad_pair_rows(pairs, self.pad_token_id, with_prompt=not self.share_prompt)
         if not self.share_prompt:
-            rows = [pair.chosen_ids for pair in pairs] + [pair.rejected_ids for pair in pairs]
-            input_ids, attention_mask = pad_sequences(rows, self.pad_token_id, side="right")  # (2B, L), (2B, L)
             return {"input_ids": input_ids, "attention_mask": attention_mask}
-        answers = [pair.chosen_answer_ids for pair in pairs] + [pair.rejected_answer_ids for pair in pairs]
-        answer_ids, answer_mask = pad_sequences(answers, self.pad_token_id, side="right")  # (2B, A), (2B, A)
         prompts = [pair.prompt_ids for pair in pairs]
         prompt_ids, prompt_mask = pad_sequences(prompts, self.pad_token_id, side="left")  # (B, P), (B, P)
-        return {"input_ids": answer_ids, "attention_mask": answer_mask, "prompt_ids": prompt_ids,
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "prompt_ids": prompt_ids,
                 "prompt_mask": prompt_mask}

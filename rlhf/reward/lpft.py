@@ -13,35 +13,51 @@ measurements behind the step, the epochs and the one layer.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
-from rlhf.generate import pad_sequences
 from rlhf.losses import bradley_terry_loss
-from rlhf.reward.data import PairLike, TokenizedPair, tokenize_pairs
+from rlhf.reward.config import StrategyConfig
+from rlhf.reward.data import PairLike, pad_pair_rows, tokenize_pairs
 from rlhf.reward.model import RewardModel
 
 
-def pad_pair_rows(pairs: Sequence[TokenizedPair], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, answer_mask), each (2B, L) right-padded: rows [0, B) the chosen sequences, rows
-    [B, 2B) the rejected ones; answer_mask is 1 on each row's answer tokens (EOS included)."""
-    rows = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
-    flags = ([[0] * len(p.prompt_ids) + [1] * len(p.chosen_answer_ids) for p in pairs]
-             + [[0] * len(p.prompt_ids) + [1] * len(p.rejected_answer_ids) for p in pairs])
-    ids, mask = pad_sequences(rows, pad_id, side="right")  # (2B, L) each
-    return ids, mask, pad_sequences(flags, 0, side="right")[0]
+@dataclass(frozen=True)
+class FinetuneSettings:
+    """How `finetune_top_layers` trains; the round's come from [votes] and [reward] (`from_config`)."""
+
+    lr: float
+    """Adam's step for the fine-tuned layers."""
+    epochs: int
+    """Passes over the votes."""
+    batch_pairs: int = 16
+    """Votes per batch."""
+    seed: int = 0
+    """Seeds the order of the votes in each pass."""
+    max_length: int = 512
+    """Tokens per sequence (prompt + answer + EOS), cut as the reward model's training data is."""
+    n_layers: int = 1
+    """Decoder layers trained: the last ones the model reads."""
+
+    @classmethod
+    def from_config(cls, config: StrategyConfig) -> "FinetuneSettings":
+        """votes.finetune_lr, finetune_epochs and finetune_layers, the strategy's seed and reward.max_length."""
+        return cls(lr=config.votes.finetune_lr, epochs=config.votes.finetune_epochs, seed=config.seed,
+                   max_length=config.reward.max_length, n_layers=config.votes.finetune_layers)
 
 
 def finetune_top_layers(model: RewardModel, tokenizer, pairs: Sequence[PairLike], margins: torch.Tensor,
-                        weights: torch.Tensor, lr: float, epochs: int, batch_pairs: int = 16, seed: int = 0,
-                        max_length: int = 512, n_layers: int = 1,
+                        weights: torch.Tensor, settings: FinetuneSettings,
                         on_epoch: Callable[[int, float, RewardModel], None] | None = None) -> RewardModel:
-    """A float32 copy of `model` whose last `n_layers` decoder layers are trained on the votes `pairs` (chosen over
-    rejected; margins and weights (N,) as the head had them, rlhf.losses.graded_terms) by Adam at `lr` for `epochs`
-    passes in shuffled batches of `batch_pairs`; v_head, the embeddings and every other layer stay as they are.
-    `on_epoch(epoch, mean loss, model)` after each pass, the model in eval mode (to be measured, not changed).
-    `model` itself is left untouched (it may share its weights with the feature extractor's backbone)."""
+    """A float32 copy of `model` whose last `settings.n_layers` decoder layers are trained on the votes `pairs`
+    (chosen over rejected; margins and weights (N,) as the head had them, rlhf.losses.graded_terms) by Adam at
+    `settings.lr` for `settings.epochs` passes in shuffled batches of `settings.batch_pairs`; v_head, the embeddings
+    and every other layer stay as they are. `on_epoch(epoch, mean loss, model)` after each pass, the model in eval
+    mode (to be measured, not changed). `model` itself is left untouched (it may share its weights with the feature
+    extractor's backbone)."""
+    epochs, n_layers, batch_pairs = settings.epochs, settings.n_layers, settings.batch_pairs
     if not pairs or epochs <= 0:
         raise ValueError(f"fine-tuning needs votes and at least one epoch, got {len(pairs)} votes, {epochs} epochs")
     available = len(model.backbone.layers)
@@ -55,11 +71,11 @@ def finetune_top_layers(model: RewardModel, tokenizer, pairs: Sequence[PairLike]
     tuned.requires_grad_(False)
     trained = tuned.backbone.layers[-n_layers:]  # the last the score reads (layer -1: under the frozen final norm)
     trained.requires_grad_(True)
-    optimizer = torch.optim.Adam(trained.parameters(), lr=lr)
-    tokenized = tokenize_pairs(tokenizer, pairs, max_length)
+    optimizer = torch.optim.Adam(trained.parameters(), lr=settings.lr)
+    tokenized = tokenize_pairs(tokenizer, pairs, settings.max_length)
     margins, weights = margins.float(), weights.float()
     device = next(tuned.parameters()).device
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(settings.seed)
     tuned.train()
     for epoch in range(epochs):
         order = torch.randperm(len(tokenized), generator=generator).tolist()

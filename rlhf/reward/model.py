@@ -18,8 +18,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from torch import nn
 from transformers import AutoModel, PreTrainedModel
 
 from rlhf.decode import position_ids_from_mask
+from rlhf.folders import written_atomically
 from rlhf.losses import last_token_scores, masked_mean
 from rlhf.models import (
     ModelNotFoundError,
@@ -177,9 +176,7 @@ class RewardModel(nn.Module):
         DeepSpeed ZeRO-3 or FSDP each process holds a shard, and `accelerator.get_state_dict` gathers the whole.
         """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-        try:
+        with written_atomically(path) as staging:
             backbone_state = None if state_dict is None else {
                 key.removeprefix("backbone."): value for key, value in state_dict.items() if key.startswith("backbone.")}
             self.backbone.save_pretrained(staging, safe_serialization=True, state_dict=backbone_state)
@@ -192,16 +189,6 @@ class RewardModel(nn.Module):
                       "hidden_size": int(head.shape[1]), "backbone_class": type(self.backbone).__name__,
                       "pooling": self.pooling, "layer": self.layer, "info": self.info}
             (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2, default=str), encoding="utf-8")
-            old = None
-            if path.exists():  # move the previous model aside first: at every moment one whole model is there
-                old = Path(tempfile.mkdtemp(prefix=f".{path.name}-old-", dir=path.parent))
-                os.replace(path, old / path.name)
-            os.replace(staging, path)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         return path
 
     # ---- use -----------------------------------------------------------------------------------------

@@ -28,20 +28,19 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rlhf.decode import position_ids_from_mask
-from rlhf.generate import pad_sequences
 from rlhf.losses import graded_terms, masked_mean
 from rlhf.reward import bt_head
 from rlhf.reward.config import STRATEGIES, StrategyConfig, VotesConfig
 from rlhf.reward.data import (
     PairLike,
     PreferencePair,
-    TokenizedPair,
     heldout_accuracies,
+    pad_pair_rows,
     pair_strength,
     split_pairs,
     tokenize_pairs,
 )
-from rlhf.reward.lpft import finetune_top_layers
+from rlhf.reward.lpft import FinetuneSettings, finetune_top_layers
 from rlhf.reward.model import (
     MARKER_FILE,
     RewardModel,
@@ -132,7 +131,8 @@ class FeatureExtractor:
         device = next(self.reward_model.parameters()).device
         for start in range(0, len(order), self.batch_size):
             batch = order[start:start + self.batch_size]
-            ids, mask, answer_mask = _pad_tokenized([tokenized[i] for i in batch], self.tokenizer.pad_token_id)
+            ids, mask, answer_mask = pad_pair_rows([tokenized[i] for i in batch], self.tokenizer.pad_token_id,
+                                                   answers=("chosen",))  # the answer is each pair's chosen one
             ids, mask = ids.to(device), mask.to(device)  # (B, L) right-padded; answer_mask stays on the CPU
             output = self.reward_model.backbone(
                 input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
@@ -243,14 +243,7 @@ def pad_answers(tokenizer, prompts: Sequence[str], answers: Sequence[str], max_l
     """(input_ids, attention_mask, answer_mask), each (N, L): prompt + answer + EOS tokenised as the reward
     model's training data is, padded on `side`; answer_mask is 1 on the answer's tokens (EOS included)."""
     tokenized = tokenize_pairs(tokenizer, [PreferencePair(p, a, a) for p, a in zip(prompts, answers)], max_length)
-    return _pad_tokenized(tokenized, tokenizer.pad_token_id, side)
-
-
-def _pad_tokenized(tokenized: Sequence[TokenizedPair], pad_id: int, side: str = "right"):
-    """pad_answers' three (N, L) tensors from pairs already tokenised (their chosen answer is the one scored)."""
-    ids, attention_mask = pad_sequences([t.chosen_ids for t in tokenized], pad_id, side)  # (N, L) each
-    answer_flags = [[0] * len(t.prompt_ids) + [1] * len(t.chosen_answer_ids) for t in tokenized]
-    return ids, attention_mask, pad_sequences(answer_flags, 0, side)[0]  # answer_mask (N, L)
+    return pad_pair_rows(tokenized, tokenizer.pad_token_id, side, answers=("chosen",))
 
 
 @torch.inference_mode()
@@ -298,10 +291,8 @@ def finetune_under_head(extractor: FeatureExtractor, feature: str, weight: torch
     probe = TrainedPreferenceModel("head", extractor, feature, weight, weight[None, :]).as_reward_model()
     margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
                                     config.votes.much_weight)  # (N,) each
-    return finetune_top_layers(probe, extractor.tokenizer, pairs, margins, weights, config.votes.finetune_lr,
-                               config.votes.finetune_epochs, seed=config.seed, max_length=config.reward.max_length,
-                               n_layers=config.votes.finetune_layers,
-                               on_epoch=on_epoch)
+    return finetune_top_layers(probe, extractor.tokenizer, pairs, margins, weights,
+                               FinetuneSettings.from_config(config), on_epoch=on_epoch)
 
 
 def saved_strategy(path: str | Path) -> str | None:

@@ -10,7 +10,7 @@ class SFTConfig:
     """Settings of one SFT run."""
 
     learning_rate: float = 5e-5
-    """AdamW peak learning rate (reference 004 suggests about 5e-5 for 1 to 3 epochs)."""
+    """AdamW peak learning rate (about 5e-5 is the usual choice for 1 to 3 epochs)."""
     epochs: int = 2
     """Passes over the demonstrations; more overfits, which narrows what PPO can explore later."""
     batch_size: int = 8

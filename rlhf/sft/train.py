@@ -1,10 +1,12 @@
-"""Supervised fine-tuning on demonstrations (DESIGN "SFT", reference 004's first stage).
+"""Supervised fine-tuning on demonstrations: the first stage, before the reward model and PPO (docs/design.md, "The
+maths").
 
 Cross-entropy on the answer tokens only: prompt tokens and padding carry the label -100, so the model learns to
 write answers, not to reproduce prompts. The prompt is encoded exactly as generation encodes it (chat template with
 generation prompt, `rlhf.generate.encode_prompt`) and the answer ends with EOS, so the model also learns to stop.
-The output folder becomes the reference and the starting actor: `command_sft` records it as a round-0 policy, and
-the store's `first_policy()` / `latest_policy()` then return it (the last recorded policy of round 0).
+The output folder becomes the reference and the starting actor: the `--sft` command (loop.stages.sft_on_store)
+records it as a round-0 policy, and the store's `first_policy()` / `latest_policy()` then return it (the last recorded
+policy of round 0).
 """
 
 from __future__ import annotations
@@ -12,17 +14,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from rlhf.folders import written_atomically
 from rlhf.generate import encode_prompt, pad_sequences
 from rlhf.sft.config import SFTConfig
 
@@ -131,42 +132,43 @@ def linear_warmup_decay(step: int, total: int, warmup: int) -> float:
 
 
 def save_model_atomically(model, tokenizer, out_dir: Path, state_dict: dict | None = None) -> None:
-    """save_pretrained (safetensors) + tokenizer into a staging folder renamed into place: no half-written folder."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+    """save_pretrained (safetensors) + tokenizer into `out_dir` through a staging folder (rlhf.folders): no
+    half-written folder under its name."""
+    with written_atomically(out_dir) as staging:
         model.save_pretrained(staging, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(staging)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
-def train_sft(
-    model_path: str | os.PathLike,
-    examples: list[tuple[str, str]],
-    config: SFTConfig | None = None,
-    out_dir: str | os.PathLike = "data/checkpoints/sft",
-    on_progress: SFTProgress | None = None,
-    show_bar: bool = True,
-) -> SFTResult:
-    """Fine-tune the causal LM at `model_path` on (prompt, response) pairs and save it to `out_dir`.
+@dataclass
+class SFTRun:
+    """An SFT run ready to start (`prepare_sft_run`)."""
 
-    Runs through one accelerate.Accelerator (bf16 autocast where the hardware has it, else fp32), so it works the same
-    under `accelerate launch` or `torchrun`; only the main process writes the folder.
-    """
+    accelerator: Any
+    """The one accelerate.Accelerator everything went through."""
+    model: Any
+    """The causal LM as accelerate prepared it, its KV cache off while training."""
+    tokenizer: Any
+    """The model's tokenizer, saved with it."""
+    optimizer: Any
+    """AdamW over every weight, prepared."""
+    scheduler: Any
+    """Linear warmup then decay, stepped once per optimizer step (not prepared: see `prepare_sft_run`)."""
+    loader: Any
+    """Shuffled batches of encoded demonstrations, prepared."""
+    total_steps: int
+    """Optimizer steps of the whole run."""
+    truncated: int
+    """Demonstrations cut to the maximum length."""
+
+
+def prepare_sft_run(model_path: str | os.PathLike, examples: list[tuple[str, str]], config: SFTConfig) -> SFTRun:
+    """Seed, load the model and tokenizer, encode the demonstrations (cut to the model's context if it is shorter
+    than max_length), and build the loader, the optimizer and the schedule, all through accelerate."""
     from accelerate.utils import set_seed
 
     from rlhf.distributed import make_accelerator
     from rlhf.models import context_length, load_causal_lm, load_tokenizer, tell_once
 
-    config = config or SFTConfig()
-    if not examples:
-        raise SFTDataError("no demonstrations to train on")
-    started = time.perf_counter()
     accelerator = make_accelerator("auto", gradient_accumulation_steps=config.gradient_accumulation_steps)
     set_seed(config.seed)
     tokenizer = load_tokenizer(model_path)
@@ -194,13 +196,21 @@ def train_sft(
     # The scheduler stays unprepared and steps once per optimizer step: accelerate's wrapper would step it once
     # per process, for schedules counted in single-process steps.
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    return SFTRun(accelerator=accelerator, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                  loader=loader, total_steps=total_steps, truncated=truncated)
 
+
+def train_sft_epochs(run: SFTRun, config: SFTConfig, on_progress: SFTProgress | None = None,
+                     show_bar: bool = True) -> list[float]:
+    """Every epoch over the demonstrations, gradients accumulated over gradient_accumulation_steps batches; the mean
+    answer-token loss of each optimizer step (over all processes), which `on_progress` gets after each step."""
+    accelerator, model, optimizer = run.accelerator, run.model, run.optimizer
     losses: list[float] = []
     window: list[float] = []  # losses of the micro-batches of the current optimizer step
-    bar = tqdm(total=total_steps, desc="SFT", unit="step", disable=not (show_bar and accelerator.is_main_process))
+    bar = tqdm(total=run.total_steps, desc="SFT", unit="step", disable=not (show_bar and accelerator.is_main_process))
     model.train()
     for _epoch in range(config.epochs):
-        for batch in loader:
+        for batch in run.loader:
             with accelerator.accumulate(model):
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
                 loss = answer_token_loss(logits, batch["labels"])  # (B, L, V) logits -> scalar
@@ -211,22 +221,50 @@ def train_sft(
                 optimizer.step()
                 optimizer.zero_grad()
             if accelerator.sync_gradients:
-                scheduler.step()
+                run.scheduler.step()
                 losses.append(sum(window) / len(window))
                 window.clear()
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
                 if on_progress is not None:
-                    on_progress(len(losses), total_steps, losses[-1])
+                    on_progress(len(losses), run.total_steps, losses[-1])
     bar.close()
+    return losses
 
-    out_dir = Path(out_dir)
+
+def save_sft_model(run: SFTRun, out_dir: Path) -> None:
+    """The trained model, its KV cache back on, and the tokenizer saved to `out_dir` by the main process (every
+    process takes part in gathering the weights)."""
+    accelerator = run.accelerator
     accelerator.wait_for_everyone()
-    unwrapped = accelerator.unwrap_model(model)
+    unwrapped = accelerator.unwrap_model(run.model)
     unwrapped.config.use_cache = True
-    state_dict = accelerator.get_state_dict(model)
+    state_dict = accelerator.get_state_dict(run.model)
     if accelerator.is_main_process:
-        save_model_atomically(unwrapped, tokenizer, out_dir, state_dict=state_dict)
+        save_model_atomically(unwrapped, run.tokenizer, out_dir, state_dict=state_dict)
     accelerator.wait_for_everyone()
-    return SFTResult(out_dir=out_dir, steps=len(losses), examples=len(examples), truncated=truncated,
+
+
+def train_sft(
+    model_path: str | os.PathLike,
+    examples: list[tuple[str, str]],
+    config: SFTConfig | None = None,
+    out_dir: str | os.PathLike = "data/checkpoints/sft",
+    on_progress: SFTProgress | None = None,
+    show_bar: bool = True,
+) -> SFTResult:
+    """Fine-tune the causal LM at `model_path` on (prompt, response) pairs and save it to `out_dir`.
+
+    Runs through one accelerate.Accelerator (bf16 autocast where the hardware has it, else fp32), so it works the same
+    under `accelerate launch` or `torchrun`; only the main process writes the folder.
+    """
+    config = config or SFTConfig()
+    if not examples:
+        raise SFTDataError("no demonstrations to train on")
+    started = time.perf_counter()
+    run = prepare_sft_run(model_path, examples, config)
+    losses = train_sft_epochs(run, config, on_progress, show_bar)
+    out_dir = Path(out_dir)
+    save_sft_model(run, out_dir)
+    return SFTResult(out_dir=out_dir, steps=len(losses), examples=len(examples), truncated=run.truncated,
                      losses=losses, seconds=time.perf_counter() - started)
