@@ -16,13 +16,11 @@ from annotate.background import PairJob, RoundStarter
 from annotate.identity import SessionTokens
 from annotate.store import Store
 from annotate.ui_admin import AdminHandlers, build_admin_tab
-from annotate.ui_annotate import AnnotateHandlers, AnnotateView, build_annotate_tab
+from annotate.ui_annotate import AnnotateHandlers, build_annotate_tab
 from annotate.ui_dashboard import DashboardHandlers, build_dashboard_tab
 from annotate.ui_session import SET_COOKIE_JS, AppConfig, Session
 from annotate.ui_style import CSS, keyboard_js
 from annotate.ui_votes import KEYS
-
-__all__ = ["AnnotateHandlers", "AnnotateView", "KEYBOARD_JS", "build_app"]
 
 # Keys 1-7 click the vote buttons (annotate/ui_votes.py: graded choices, screen sides, strengths).
 KEYBOARD_JS = keyboard_js(KEYS)

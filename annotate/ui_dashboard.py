@@ -1,6 +1,6 @@
 """Dashboard tab: counts, agreement, rounds and their metrics, human win rates of policies.
 
-Round metrics are whatever the round recorded (a JSON object): the functions here read the names DESIGN.md gives
+Round metrics are whatever the round recorded (a JSON object): the functions here read the names the round writes
 (`rm/accuracy`, `ppo/reward`, `ppo/kl`, ...) and tolerate missing keys, so a running or failed round shows what it has.
 A per-step history, when a round keeps one, is `metrics["history"]`: a list of {"step": n, "<metric>": value}
 (the PPO trainer's per-step dicts, keyed `ppo/step`, fit as they are) or {"<metric>": [values]}.

@@ -2,7 +2,7 @@
 
 `ppo.mixed_precision=bf16` runs the matmuls in bf16 (autocast; the trained weights and AdamW stay fp32) and stores
 the frozen reference and reward model in bf16. This bench measures the error that costs, on the default model, the
-round's reward-model shape (`--reward-feature`, default mean@2) and issue 7's settings (batch 8, 48 new tokens):
+round's reward-model shape (`--reward-feature`, default mean@2) and the TRL comparison's settings (batch 8, 48 new tokens):
 
 - log-prob error per response token, actor and reference, against the fp32 numbers;
 - the KL the step sees between an actor and a reference that hold the SAME weights (fp32: exactly 0), against

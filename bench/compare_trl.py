@@ -2,7 +2,7 @@
 ONE JSON line.
 
     bash bench/trl_env.sh                      # once: TRL in its own venv (.venv-trl), not a project dependency
-    python bench/compare_trl.py                # issue 7's settings: default model, batch 8, 48 new tokens; fp32, bf16
+    python bench/compare_trl.py                # default model, batch 8, 48 new tokens; fp32, bf16
     python bench/compare_trl.py --ppo-steps 2 --rm-pairs 40 --rm-steps 3 --repeats 1   # a quick look
     python bench/compare_trl.py --precision no --skip reward                          # PPO in fp32 only
 

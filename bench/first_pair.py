@@ -7,7 +7,7 @@
 
 The app seeds the shipped prompts and starts its first batch of pairs in a child process (`--generate-pairs`); the
 bench polls the page until it answers and the database until pairs appear. Times are from the app's start; the goal
-(issue 17) is a first pair within 30 s of the page answering, on a 2-core CPU. The machine's CPU, cores and load are
+is a first pair within 30 s of the page answering, on a 2-core CPU. The machine's CPU, cores and load are
 printed first: on a shared machine the load says how much of it the app had. The last line is one JSON object.
 """
 

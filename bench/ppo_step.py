@@ -2,7 +2,7 @@
 
     python bench/ppo_step.py                      # full fine-tuning, 4 steps (the first is not counted)
     python bench/ppo_step.py --lora               # LoRA: reference = actor, reward = critic, adapters disabled
-    python bench/ppo_step.py --full-length        # always 48 new tokens (no stop at EOS), as issue 7 compares
+    python bench/ppo_step.py --full-length        # always 48 new tokens (no stop at EOS), as TRL is compared
 
 The reward model is an untrained `RewardModel.from_causal_lm(--model)` (scored as --reward-feature says) saved to a temporary folder (its
 scores do not matter for speed) and the critic starts from it, through the same loading path as

@@ -34,13 +34,10 @@ class RoundConfig:
     versus_share: float = 0.25
     """Share of the next pairs that put the new policy against an earlier one."""
     adapt_ppo_to_head: bool = True
-    """PPO on a head or ensemble reward model (the few-vote strategies) normalises its scores by their running mean and
-    std (ppo.normalize_rewards) and takes GAE's lambda as 1 (ppo.lam). Cross-validation on few votes picks a strong L2,
-    so raw head scores move by hundredths, little beside the KL penalty; and a mean-pooled head is no value function
-    for the critic it initialises, so lambda 0.95 leaves a 64-token answer's first tokens 0.95^63 = 4% of the reward.
-    Measured (docs/few-votes.md): 32 steps from the default model raised the share of answers with a courtesy word
-    from 10% to 19% with lambda 1 and left it at 11% with 0.95. A "full" reward model (scored at the last token,
-    DeepSpeed-Chat's critic init) keeps [ppo] as set. `--train-ppo` follows it too."""
+    """PPO on a head, ensemble or LP-FT reward model (the few-vote strategies) normalises its scores
+    (ppo.normalize_rewards) and takes GAE's lambda as 1 (ppo.lam): raw head scores move by hundredths, and lambda 0.95
+    leaves an answer's first tokens little of the reward (docs/few-votes.md, "PPO on a head reward model"). A "full"
+    reward model keeps [ppo] as set. `--train-ppo` follows it too."""
     checkpoints_dir: str = "data/checkpoints"
     """Where reward models and policies of each round are saved, in a folder per database: <dir>/<db name>/round-N."""
     seed: int = 0

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from annotate.records import Preference
 from annotate.store import Store
 from loop.checks import RoundRefused
 from loop.children.liveness import process_is_alive
@@ -25,10 +26,9 @@ class RoundPlan:
     """Row of this round in the rounds table."""
     policy_round: int
     """Round number the new policy is recorded under (last policy's + 1)."""
-    preferences: list[tuple[str, str, str, str, float]]
-    """(prompt, chosen, rejected, source, strength) of every pair with a majority among a/b votes, all rounds; source is
-    "sample", "versus" or "chosen" (rlhf.reward.data.PAIR_SOURCES: held-out accuracy is reported by source);
-    strength 1 (slightly better) to 2 (much), the mean of the majority's graded votes."""
+    preferences: list[Preference]
+    """Every pair with a majority among its a/b votes, all rounds, as the store gives them (its source, by which
+    held-out accuracy is reported, and its strength go to the reward trainers unchanged)."""
     new_pairs: int
     """Preference pairs that arrived since the last finished round."""
     reference_path: str
@@ -74,7 +74,7 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
     if stale:
         log(f"Marked crashed round(s) {', '.join(map(str, stale))} as failed; resuming from what they finished.")
     store.ensure_base_policy(base_model)
-    preferences = [(p.prompt, p.chosen, p.rejected, p.source, p.strength) for p in store.preferences()]
+    preferences = list(store.preferences())
     last_done = store.last_done_round()
     used_before = int(last_done.metrics.get("round/pairs_used", 0)) if last_done else 0
     new_pairs = len(preferences) - used_before

@@ -1,10 +1,6 @@
-"""The one decoding loop: pairs shown to people, PPO's rollouts, the demo's evaluation and the benches all sample here.
-
-Profiled on the default model (SmolLM2-135M, one AVX512 core, fp32, batch 16, 64 new tokens; docs/benchmarks.md),
-transformers' `generate` spent a decoding step of ~200 ms as: the forward pass ~130 ms, of which the vocabulary
-projection ~26 ms and the growing KV cache's `cat` ~25 ms; top-p's sort of the whole vocabulary ~62 ms; and
-`torch.multinomial` over it ~17 ms. The forward pass is bound by memory bandwidth at this size (540 MB of fp32
-weights read per step), so the step itself only gets cheaper with fewer bytes (bf16) or more rows per read. This loop:
+"""The one decoding loop: pairs shown to people, PPO's rollouts, the demo's evaluation and the benches all sample here,
+with one `Sampling` and nothing from the model's own generation config. Where transformers' `generate` spent its
+time, and what this loop saves of it: docs/benchmarks.md, "Where a decoding step's time goes". This loop:
 
 - samples exactly the distribution transformers would (its processors, in its order: `next_token_logits`), but
   finds the nucleus among the top candidates (`torch.topk`, widened until it holds top_p of the mass) instead of
@@ -14,8 +10,7 @@ weights read per step), so the step itself only gets cheaper with fewer bytes (b
 - projects only the last prompt position onto the vocabulary at prefill (`logits_to_keep=1`);
 - drops a row from the batch, cache included, as soon as it writes EOS, so later steps compute only live rows.
 
-A `torch.compile`d step with a static cache was slower on CPU (175 ms against 139 ms eager, after 52 s compiling;
-docs/benchmarks.md, "Generation speed") and is not used.
+A `torch.compile`d step with a static cache was slower on CPU (docs/benchmarks.md) and is not used.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@
 - `rlhf.*` (training) never imports annotate, loop or commands;
 - `loop.*` never imports commands;
 - no private helper (`_name`) is imported from another module;
-- no file of app.py, commands/, loop/, annotate/, rlhf/ is over MAX_LINES lines.
+- no file of app.py, commands/, loop/, annotate/, rlhf/ is over MAX_LINES lines;
+- no function of theirs is over MAX_FUNCTION_LINES lines of code (its docstring not counted) or takes more than
+  MAX_PARAMETERS parameters (self and cls not counted), but those listed in FUNCTION_SIZE_EXCEPTIONS with the reason.
 Each failure names the importing module, its file and line, and what it imports.
 """
 
@@ -34,6 +36,10 @@ NOT_IMPORTED_BY = {
     "loop": ("commands",),
 }
 """Package -> the top-level modules it must never import."""
+MAX_FUNCTION_LINES = 60
+MAX_PARAMETERS = 8
+FUNCTION_SIZE_EXCEPTIONS: dict[str, str] = {}
+"""module.function -> why it may be longer or take more: none today."""
 DYNAMIC_TARGET = re.compile(r"^((?:app|commands|loop|annotate|rlhf)(?:\.\w+)*):\w+$")
 """A "module:function" string (app.py's command table), which app.py imports with importlib."""
 
@@ -211,9 +217,41 @@ def long_file_violations(root: Path, max_lines: int = MAX_LINES) -> list[str]:
     return problems
 
 
+def _code_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function from its first decorator to its end, its docstring not counted."""
+    start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+    lines = node.end_lineno - start + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    arguments = node.args
+    names = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+    count = len(names) + bool(arguments.vararg) + bool(arguments.kwarg)
+    return count - (1 if arguments.args and arguments.args[0].arg in ("self", "cls") else 0)
+
+
+def function_size_violations(root: Path, exceptions: dict[str, str] = FUNCTION_SIZE_EXCEPTIONS) -> list[str]:
+    problems = []
+    for name, path in project_files(root).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or f"{name}.{node.name}" in exceptions:
+                continue
+            where = f"{name}.{node.name} ({path.relative_to(root)}:{node.lineno})"
+            if (lines := _code_lines(node)) > MAX_FUNCTION_LINES:
+                problems.append(f"{where} has {lines} lines of code, over {MAX_FUNCTION_LINES}: split it into named "
+                                "steps")
+            if (count := _parameters(node)) > MAX_PARAMETERS:
+                problems.append(f"{where} takes {count} parameters, over {MAX_PARAMETERS}: group them")
+    return problems
+
+
 def all_violations(root: Path) -> list[str]:
     return (circle_violations(root) + imports_app_violations(root) + layer_violations(root)
-            + private_import_violations(root) + long_file_violations(root))
+            + private_import_violations(root) + long_file_violations(root) + function_size_violations(root))
 
 
 # The rules on this repository.
@@ -250,6 +288,11 @@ def test_no_private_helper_is_imported_from_another_module():
 
 def test_no_file_is_over_the_line_limit():
     problems = long_file_violations(REPO)
+    assert not problems, "\n".join(problems)
+
+
+def test_no_function_is_too_long_or_takes_too_many_parameters():
+    problems = function_size_violations(REPO)
     assert not problems, "\n".join(problems)
 
 
@@ -295,6 +338,12 @@ def test_the_checker_passes_a_good_tree(tmp_path):
     assert all_violations(tmp_path) == []
 
 
+def test_a_listed_exception_may_be_long(tmp_path):
+    _write(tmp_path, {**GOOD_TREE, "loop/long.py": "def f():\n" + "    x = 1\n" * (MAX_FUNCTION_LINES + 1)})
+    assert function_size_violations(tmp_path, {})
+    assert function_size_violations(tmp_path, {"loop.long.f": "measured: splitting it hid the algorithm"}) == []
+
+
 @pytest.mark.parametrize("files, expected", [
     ({"annotate/bad.py": "from rlhf.models import load\n"},
      "annotate.bad (annotate/bad.py:1): from rlhf.models import load"),
@@ -317,6 +366,10 @@ def test_the_checker_passes_a_good_tree(tmp_path):
      "import circle among rlhf.a, rlhf.b"),
     ({"annotate/big.py": "x = 1\n" * (MAX_LINES + 1)},
      f"annotate.big (annotate/big.py) has {MAX_LINES + 1} lines, over {MAX_LINES}"),
+    ({"loop/long.py": 'def f():\n    """A docstring."""\n' + "    x = 1\n" * MAX_FUNCTION_LINES},
+     f"loop.long.f (loop/long.py:1) has {MAX_FUNCTION_LINES + 1} lines of code, over {MAX_FUNCTION_LINES}"),
+    ({"rlhf/wide.py": "class A:\n    def f(self, a, b, c, d, e, g, h, i, *rest):\n        pass\n"},
+     f"rlhf.wide.f (rlhf/wide.py:2) takes {MAX_PARAMETERS + 1} parameters, over {MAX_PARAMETERS}"),
 ])
 def test_the_checker_reports_a_bad_tree(tmp_path, files, expected):
     _write(tmp_path, {**GOOD_TREE, **files})

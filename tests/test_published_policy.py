@@ -18,7 +18,7 @@ from rlhf.ppo.model_card import model_card
 from rlhf.ppo.train import train_ppo
 from rlhf.reward.model import RewardModel
 from loop.round_plan import RoundPlan
-from loop.round import _ppo_stage
+from loop.round import RoundRun, _ppo_stage
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -118,12 +118,11 @@ def test_a_rounds_policy_folder_carries_the_rounds_card(tiny_model_dir, reward_m
     store.update_round_metrics(round_id, {"rm/heldout_accuracy": 0.8125, "round/stage": "reward"})
     config = load_config(None, ["ppo.steps=1", "ppo.batch_size=2", "ppo.mini_batch_size=2",
                                  "ppo.sampling.max_new_tokens=4"])
-    plan = RoundPlan(round_id=round_id, policy_round=1, preferences=[("hello there", "Hello there, friend.", "Hi!")],
+    plan = RoundPlan(round_id=round_id, policy_round=1, preferences=list(store.preferences()),
                      new_pairs=1, reference_path=str(tiny_model_dir), actor_path=str(tiny_model_dir),
                      actor_policy_id=base.id, reward_warm_start=None, ppo_prompts=PROMPTS[:2],
                      out_dir=str(tmp_path / "round-1"))
-    policy_id = _ppo_stage(plan, str(reward_model_dir), config, lambda values: store.update_round_metrics(
-        round_id, values), lambda message: None, store)
+    policy_id = _ppo_stage(RoundRun(plan, config, store, log=lambda message: None), str(reward_model_dir))
     folder = Path(store.policy(policy_id).path)
     card = assert_publishable(folder)
     assert "# Policy of round 1" in card and f"`{tiny_model_dir}`" in card

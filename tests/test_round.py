@@ -182,8 +182,9 @@ def test_the_round_plan_carries_each_preferences_source_and_strength(tiny_model_
         store.record_vote(pair_id, "ann", "a", True, strength=2 if pair_id == 3 else 1)  # q3: "A is much better"
     config = load_config(None, ["round.min_new_pairs=1", "round.checkpoints_dir=unused"])
     plan = plan_round(store, str(tiny_model_dir), config, log=lambda message: None)
-    assert plan.preferences == [("q1", "a1", "b1", "sample", 1.0), ("q2", "a2", "b2", "chosen", 1.0),
-                                ("q3", "a3", "b3", "sample", 2.0), ("q4", "a4", "b4", "versus", 1.0)]
+    assert [(p.prompt, p.chosen, p.rejected, p.source, p.strength) for p in plan.preferences] == [
+        ("q1", "a1", "b1", "sample", 1.0), ("q2", "a2", "b2", "chosen", 1.0), ("q3", "a3", "b3", "sample", 2.0),
+        ("q4", "a4", "b4", "versus", 1.0)]
 
 
 def test_two_databases_sharing_a_checkpoints_dir_keep_their_own_round_folders(tmp_path, tiny_model_dir):

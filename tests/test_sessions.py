@@ -8,7 +8,7 @@ import pytest
 from loop.children.pair_job import GenerationJob
 from annotate.identity import SessionTokens
 from annotate.store import Store
-from annotate.ui import AnnotateHandlers
+from annotate.ui_annotate import AnnotateHandlers
 from annotate.ui_session import AppConfig, Session, session_cookie, signed_in_name
 from tests.test_ui import FakeGenerator, idle_runner, seed_pairs
 

@@ -12,7 +12,8 @@ from loop.children.pair_job import GenerationJob
 from annotate.records import NewGeneration, NewPair
 from loop.children.round_runner import RoundRunner
 from annotate.store import Store
-from annotate.ui import AnnotateHandlers, build_app
+from annotate.ui import build_app
+from annotate.ui_annotate import AnnotateHandlers
 from annotate.ui_admin import AdminHandlers
 from annotate.statistics import wilson_interval
 from annotate.ui_dashboard import DashboardHandlers, accuracy_text, metrics_within_round, rounds_frame

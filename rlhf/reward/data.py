@@ -33,6 +33,10 @@ class PreferenceDataError(ValueError):
 
 
 class PairLike(Protocol):
+    """What the trainers take as a preference: the store's `Preference` (the round hands its rows over unchanged) or a
+    `PreferencePair`. A `source` (PAIR_SOURCES) and a `strength` (1 to 2) are read where present (`pair_source`,
+    `pair_strength`)."""
+
     prompt: str
     chosen: str
     rejected: str
