@@ -26,8 +26,8 @@ class Server:
 
     def start(self) -> None:
         self.store = Store(self.db)
-        self.demo = build_app(self.store, GenerationJob(NoGenerator()), RoundRunner(self.store, [sys.executable, "-c", "pass"]),
-                              AppConfig(admins=("boss",)))
+        self.demo = build_app(self.store, GenerationJob(NoGenerator()),
+                              RoundRunner(self.store, [sys.executable, "-c", "pass"]), AppConfig(admins=("boss",)))
         self.demo.queue()
         self.demo.launch(server_name="127.0.0.1", server_port=self.port, prevent_thread_lock=True, quiet=True)
 
