@@ -32,6 +32,8 @@ COMMANDS = [
      "commands.round:train_round"),
     ("--demo-loop", None, "simulate votes and run rounds R times headless, printing progress per round",
      "commands.round:demo_loop"),
+    ("--report", "ROUND", "write the report of round ROUND as one HTML file: before/after answers, scores, votes, "
+     "settings, seconds", "commands.report:report"),
     ("--show-config", None, "print the configuration every command would use here, as TOML",
      "commands.data:show_config"),
     ("--add-user", "NAME", "set NAME's password in the auth file (--auth FILE, default data/auth.txt) as a scrypt "
@@ -73,8 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="override one setting, e.g. --set ppo.kl_ctl=0.05 (repeatable; --show-config lists "
                                "them all)")
     inputs = parser.add_argument_group("what a command works on")
-    inputs.add_argument("--out", metavar="DIR",
-                        help="where a training command saves its model (default data/checkpoints/<kind>-<timestamp>)")
+    inputs.add_argument("--out", metavar="PATH",
+                        help="where a training command saves its model (default data/checkpoints/<kind>-<timestamp>); "
+                             "for --report, the HTML file (default <round.checkpoints_dir>/<db name>/round-N/"
+                             "report.html)")
     inputs.add_argument("--data", metavar="FILE",
                         help="--train-reward on this file instead of the votes: JSONL, Parquet or a Hugging Face "
                              "dataset folder with columns prompt, chosen, rejected (TRL's format)")

@@ -22,7 +22,8 @@ class PairJob(Protocol):
     """One batch of pairs at a time, made in the background."""
 
     def start(self, n_pairs: int, versus_share: float, started_by: str) -> tuple[bool, str]:
-        """Start making `n_pairs` pairs, a share `versus_share` of them versus pairs; (started, message for the page)."""
+        """Start making `n_pairs` pairs, a share `versus_share` of them versus pairs; (started, message for the
+        page)."""
 
     def running(self) -> bool:
         """Whether a batch is being made now."""

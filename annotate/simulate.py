@@ -98,7 +98,7 @@ def word_share(text: str, vocabulary: frozenset[str]) -> float:
 
 
 def politeness(text: str) -> float:
-    """Share of words in the text that are warm or polite, a taste that depends on many words (not length, not one token)."""
+    """Share of words in the text that are warm or polite: a taste of many words (not length, not one token)."""
     return word_share(text, POLITE_WORDS)
 
 

@@ -71,3 +71,21 @@ def win_rate_interval(scores: list[float], per_prompt: int = 1, z: float = 1.96)
     if mean is None or error is None:
         return 0.0, 1.0
     return max(0.0, mean - z * error), min(1.0, mean + z * error)
+
+
+def binomial_two_sided_p(k: int, n: int, p: float = 0.5) -> float:
+    """Exact two-sided binomial test: the chance, under Binomial(n, p), of an outcome no likelier than k (the sum of
+    the probabilities at or below P(k), as scipy's binomtest sums them). 1.0 for n = 0.
+
+    Hand check: 9 of 10 at p = 0.5: P(9) = 10/1024; as likely or less: 0, 1, 9, 10, (1 + 10 + 10 + 1) / 1024 = 0.0215.
+    """
+    if n <= 0:
+        return 1.0
+
+    def log_probability(i: int) -> float:
+        return (math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                + i * math.log(p) + (n - i) * math.log(1 - p))
+
+    observed = log_probability(k)
+    total = sum(math.exp(log_probability(i)) for i in range(n + 1) if log_probability(i) <= observed + 1e-7)
+    return min(1.0, total)

@@ -48,14 +48,22 @@ def build_app(store: Store, job: PairJob, runner: RoundStarter, config: AppConfi
             with gr.Tab("Annotate", id="annotate") as annotate_tab_block:
                 annotate_tab = build_annotate_tab(annotate, config, session)
             with gr.Tab("Dashboard", id="dashboard") as dashboard_tab_block:
-                dashboard_timer, dashboard_outputs = build_dashboard_tab(dashboard, config)
+                dashboard_tab = build_dashboard_tab(dashboard, session, config)
             with gr.Tab("Admin", id="admin", visible=False) as admin_tab_block:  # shown to admins on sign-in
                 admin_timer, admin_outputs = build_admin_tab(admin, session, config)
 
         # Dashboard and admin pages refresh on a timer only while they are open, so twenty annotators on the
         # Annotate tab cost no polling.
-        def open_dashboard():
-            return gr.Timer(active=True), gr.Timer(active=False), *dashboard.refresh()
+        dashboard_timer = dashboard_tab.timer
+
+        report_picker = dashboard_tab.components["report_round"]
+
+        def open_dashboard(state: Session, report_round, request: gr.Request):
+            return {dashboard_timer: gr.Timer(active=True), admin_timer: gr.Timer(active=False),
+                    **dashboard_tab.render(dashboard.refresh(state, request, report_round))}
+
+        def fill_dashboard(state: Session, request: gr.Request):
+            return dashboard_tab.render(dashboard.refresh(state, request))
 
         def open_admin(state: Session, request: gr.Request):
             return gr.Timer(active=False), gr.Timer(active=True), *admin.overview(state, request)
@@ -63,8 +71,8 @@ def build_app(store: Store, job: PairJob, runner: RoundStarter, config: AppConfi
         private = {"api_visibility": "private", "concurrency_limit": None}
         annotate_tab_block.select(lambda: (gr.Timer(active=False), gr.Timer(active=False)), None,
                                   [dashboard_timer, admin_timer], **private)
-        dashboard_tab_block.select(open_dashboard, None, [dashboard_timer, admin_timer, *dashboard_outputs],
-                                   **private)
+        dashboard_tab_block.select(open_dashboard, [session, report_picker],
+                                   [dashboard_timer, admin_timer, *dashboard_tab.outputs], **private)
         admin_tab_block.select(open_admin, [session], [dashboard_timer, admin_timer, *admin_outputs], **private)
         demo.load(None, js=KEYBOARD_JS)
         # With an auth file the login already named this person; without one the session cookie may: sign them in.
@@ -77,4 +85,6 @@ def build_app(store: Store, job: PairJob, runner: RoundStarter, config: AppConfi
 
         for signed_in in (loaded, *annotate_tab.sign_in_events):
             signed_in.then(show_admin_tab, [session], [admin_tab_block], **private)
+        # filled on page load, before anyone opens the tab (and by its timer while it is open)
+        loaded.then(fill_dashboard, [session], dashboard_tab.outputs, show_progress="hidden", **private)
     return demo

@@ -1,145 +1,56 @@
-"""Dashboard tab: counts, agreement, rounds and their metrics, human win rates of policies.
+"""Dashboard tab: did the last round help? The headline of the last round, one small panel per quantity across rounds
+(annotate.dashboard_panels, drawn by annotate.plots), PPO step by step, the rounds and the human win rates, votes and
+agreement, the people (admins only) and a round's report.
 
-Round metrics are whatever the round recorded (a JSON object): the functions here read the names the round writes
-(`rm/accuracy`, `ppo/reward`, `ppo/kl`, ...) and tolerate missing keys, so a running or failed round shows what it has.
-A per-step history, when a round keeps one, is `metrics["history"]`: a list of {"step": n, "<metric>": value}
-(the PPO trainer's per-step dicts, keyed `ppo/step`, fit as they are) or {"<metric>": [values]}.
+Handlers read the store and return a `DashboardView`; the tab maps each of its fields to one component, so a field
+added is a component added, never a position counted. The page fills on load, and while the tab is open it refreshes
+on a timer, so a round that ends shows without pressing anything.
 """
 
 from __future__ import annotations
 
-import math
+import html
+from dataclasses import dataclass, fields
 from datetime import datetime
 
 import gradio as gr
 import pandas as pd
 
-from annotate.records import Round
-from annotate.statistics import wilson_interval
+from annotate import dashboard_panels as panels
+from annotate.people import PEOPLE_COLUMNS, people, people_rows
+from annotate.plots import panels_html
+from annotate.round_report import RoundReport, report_html, with_votes_now
 from annotate.store import Store
-from annotate.ui_session import AppConfig
+from annotate.store.sql import now
+from annotate.ui_session import AppConfig, Session, signed_in_name
 
-ACCURACY_KEYS = ("rm/accuracy", "rm/heldout_accuracy", "rm/eval_accuracy")
-HELDOUT_SIZE_KEYS = ("rm/heldout_pairs", "rm/held_out_pairs", "rm/eval_pairs", "rm/n_heldout")
-PAIRS_USED_KEYS = ("pairs_used", "data/preferences", "rm/pairs")
-TRAIN_HELDOUT_KEYS = ("rm/n_train", "rm/n_heldout")
-"""What rlhf/reward/train.py records: pairs used = trained on + held out."""
-STEP_KEYS = ("step", "ppo/step", "rm/step")
-REWARD_KEYS = ("ppo/reward", "ppo/mean_reward", "ppo/reward_mean")
-KL_KEYS = ("ppo/kl", "ppo/mean_kl")
-PLOTTED_ACROSS_ROUNDS = (("rm held-out accuracy", ACCURACY_KEYS), ("mean reward", REWARD_KEYS), ("KL", KL_KEYS))
-ROUND_COLUMNS = ["round", "status", "started", "pairs used", "rm held-out accuracy", "mean reward", "KL",
-                 "duration", "error"]
-WIN_RATE_COLUMNS = ["policy", "against", "wins", "losses", "ties", "both bad", "win rate"]
 AGREEMENT_COLUMNS = ["annotator 1", "annotator 2", "pairs", "agreement", "kappa"]
-NO_ROUNDS_ACROSS = "No rounds yet: each finished round adds a point here."
-NO_ROUNDS_WITHIN = "No rounds yet: the last round's per-step curves appear here."
+PEOPLE_FOR_ADMINS = "The per-annotator table is shown to admins (sign in as one on the Annotate tab)."
+NO_REPORT = "No round report yet: each round ends with one (or `python app.py --report N` makes it)."
 
 
-def first_number(metrics: dict, keys: tuple[str, ...]) -> float | None:
-    for key in keys:
-        value = metrics.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-    return None
+@dataclass
+class DashboardView:
+    """What the tab shows, one field a component."""
 
-
-def pairs_used(metrics: dict) -> int | None:
-    value = first_number(metrics, PAIRS_USED_KEYS)
-    if value is None:
-        parts = [first_number(metrics, (key,)) for key in TRAIN_HELDOUT_KEYS]
-        value = sum(parts) if None not in parts else None
-    return None if value is None else int(value)
-
-
-def accuracy_text(metrics: dict) -> str:
-    """"0.72 (0.61-0.81, n=80)" with the Wilson interval when the held-out size is known."""
-    accuracy = first_number(metrics, ACCURACY_KEYS)
-    if accuracy is None:
-        return ""
-    size = first_number(metrics, HELDOUT_SIZE_KEYS)
-    if size is None or size < 1:
-        return f"{accuracy:.2f}"
-    low, high = wilson_interval(accuracy, int(size))
-    return f"{accuracy:.2f} ({low:.2f}-{high:.2f}, n={int(size)})"
-
-
-def _parse_time(stamp: str | None) -> datetime | None:
-    if not stamp:
-        return None
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
-def duration_text(started_at: str | None, finished_at: str | None, now: datetime | None = None) -> str:
-    start, end = _parse_time(started_at), _parse_time(finished_at) or now
-    if start is None or end is None:
-        return ""
-    seconds = max(0, int((end - start).total_seconds()))
-    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
-def _number_text(value: float | None) -> str:
-    return "" if value is None else f"{value:.4g}"
-
-
-def rounds_frame(rounds: list[Round], now: datetime | None = None) -> pd.DataFrame:
-    rows = []
-    for r in reversed(rounds):  # newest first
-        pairs = pairs_used(r.metrics)
-        rows.append([
-            r.id, r.status, (r.started_at or "")[:19].replace("T", " "),
-            "" if pairs is None else str(pairs), accuracy_text(r.metrics),
-            _number_text(first_number(r.metrics, REWARD_KEYS)), _number_text(first_number(r.metrics, KL_KEYS)),
-            duration_text(r.started_at, r.finished_at, now if r.status == "running" else None), r.error or "",
-        ])
-    return pd.DataFrame(rows, columns=ROUND_COLUMNS)
-
-
-def metrics_across_rounds(rounds: list[Round]) -> pd.DataFrame:
-    """Long format (round, metric, value) for the headline metrics of every round that recorded them."""
-    rows = []
-    for r in rounds:
-        for label, keys in PLOTTED_ACROSS_ROUNDS:
-            value = first_number(r.metrics, keys)
-            if value is not None:
-                rows.append((r.id, label, value))
-    return pd.DataFrame(rows, columns=["round", "metric", "value"])
-
-
-def metrics_within_round(metrics: dict) -> pd.DataFrame:
-    """Long format (step, metric, value) from metrics["history"]; empty when the round kept none."""
-    history = metrics.get("history")
-    rows = []
-    if isinstance(history, list):
-        for index, entry in enumerate(history):
-            if not isinstance(entry, dict):
-                continue
-            step = next((entry[key] for key in STEP_KEYS if key in entry), index)
-            for name, value in entry.items():
-                if name not in STEP_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool) \
-                        and math.isfinite(value):
-                    rows.append((step, name, float(value)))
-    elif isinstance(history, dict):
-        for name, values in history.items():
-            if isinstance(values, list):
-                rows.extend((step, name, float(v)) for step, v in enumerate(values)
-                            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-    return pd.DataFrame(rows, columns=["step", "metric", "value"])
-
-
-def chart(frame: pd.DataFrame, empty_note: str) -> dict:
-    """A plot's new value; an empty plot says why (a bare box reads as broken)."""
-    return gr.update(value=frame, caption=empty_note if frame.empty else "")
-
-
-def last_round_with_history(rounds: list[Round]) -> Round | None:
-    for r in reversed(rounds):
-        if not metrics_within_round(r.metrics).empty:
-            return r
-    return None
+    counts: str
+    headline: str
+    across: str
+    """HTML: the panels across rounds."""
+    within_title: str
+    within: str
+    """HTML: the last round's PPO steps."""
+    rounds: pd.DataFrame
+    win_rates: pd.DataFrame
+    by_annotator: pd.DataFrame
+    agreement_text: str
+    agreement: pd.DataFrame
+    people_note: str
+    people: pd.DataFrame
+    report_round: dict
+    """The round picker: the rounds with a report, the one shown chosen."""
+    report: str
+    """HTML: the chosen round's report, in a sandboxed frame (its page and styles kept apart from the app's)."""
 
 
 class DashboardHandlers:
@@ -155,8 +66,7 @@ class DashboardHandlers:
                 f" · **votes** {stats['votes']} · **preferences** (trainable pairs) {stats['preferences']}"
                 f" · **better answers written** {stats['demonstrations']}\n\nVotes by choice: {choices}")
 
-    def agreement(self) -> tuple[str, pd.DataFrame]:
-        report = self.store.agreement()
+    def agreement(self, report) -> tuple[str, pd.DataFrame]:
         rows = [(p.annotator_1, p.annotator_2, p.items, f"{p.percent:.0%}",
                  "" if p.kappa is None else f"{p.kappa:.2f}") for p in report.by_pair]
         frame = pd.DataFrame(rows, columns=AGREEMENT_COLUMNS)
@@ -166,60 +76,110 @@ class DashboardHandlers:
         return (f"Agreement over {report.items} pairs with two or more votes: **{report.percent:.0%}**, "
                 f"Cohen's kappa **{kappa}**."), frame
 
-    def win_rates(self) -> pd.DataFrame:
-        round_of = {p.id: p.round for p in self.store.policies()}
-        rows = [
-            (f"round {round_of.get(w.policy_id, '?')} (policy {w.policy_id})",
-             f"round {round_of.get(w.opponent_id, '?')} (policy {w.opponent_id})",
-             w.wins, w.losses, w.ties, w.both_bad, "" if w.win_rate is None else f"{w.win_rate:.0%}")
-            for w in self.store.versus_win_rates()
-        ]
-        return pd.DataFrame(rows, columns=WIN_RATE_COLUMNS)
+    def people(self, agreement, session: Session | None, request) -> tuple[str, pd.DataFrame]:
+        """The per-annotator table for an admin; an empty one, and why, for anyone else."""
+        name = signed_in_name(session, request, self.config)
+        if name is None or not self.store.is_admin(name):
+            return PEOPLE_FOR_ADMINS, pd.DataFrame(columns=PEOPLE_COLUMNS)
+        rows = people_rows(people(self.store.votes(), agreement))
+        note = "Left picks: a/b votes for the answer shown on the left; p: the chance of so many or so few at a fair " \
+               "50%. Agreement: with the others who voted on the same pairs."
+        return note, pd.DataFrame(rows, columns=PEOPLE_COLUMNS)
 
-    def refresh(self) -> tuple:
-        """(counts, votes by annotator, agreement text, agreement table, rounds table, across-rounds plot,
-        within-round title, within-round plot, win rates)."""
+    def report(self, wanted) -> tuple[dict, str]:
+        """(the picker's update, the report's frame) for round `wanted`, else the newest round with a report; its
+        versus votes counted as of now (they arrive after the round)."""
+        ids = self.store.round_report_ids()
+        if not ids:
+            return gr.update(choices=[], value=None), f"<p>{html.escape(NO_REPORT)}</p>"
+        chosen = int(wanted) if wanted is not None and int(wanted) in ids else ids[-1]
+        report = with_votes_now(RoundReport.from_dict(self.store.round_report(chosen)), self.store.versus_win_rates(),
+                                now())
+        frame = (f'<iframe title="Round {chosen} report" sandbox srcdoc="{html.escape(report_html(report))}" '
+                 'style="width:100%;height:80vh;border:1px solid #e5e7eb;border-radius:6px"></iframe>')
+        return gr.update(choices=ids, value=chosen), frame
+
+    def refresh(self, session: Session | None = None, request: gr.Request | None = None,
+                report_round=None) -> DashboardView:
         stats = self.store.stats()
+        rounds, win_rates, policies = self.store.rounds(), self.store.versus_win_rates(), self.store.policies()
         by_annotator = pd.DataFrame(sorted(stats["votes_by_annotator"].items(), key=lambda item: -item[1]),
                                     columns=["annotator", "votes"])
-        agreement_text, agreement_frame = self.agreement()
-        rounds = self.store.rounds()
-        last = last_round_with_history(rounds)
-        no_history = NO_ROUNDS_WITHIN if not rounds else "No round has kept a per-step history yet."
-        within_title = f"**Within round {last.id}** ({last.status})" if last else "**Within the last round**"
-        return (self.counts_markdown(stats), by_annotator, agreement_text, agreement_frame,
-                rounds_frame(rounds, now=datetime.now().astimezone()),
-                chart(metrics_across_rounds(rounds), NO_ROUNDS_ACROSS), within_title,
-                chart(metrics_within_round(last.metrics if last else {}), no_history), self.win_rates())
+        report = self.store.agreement()
+        agreement_text, agreement = self.agreement(report)
+        people_note, people_frame = self.people(report, session, request)
+        within_title, within = panels.within_round(rounds)
+        report_round, report = self.report(report_round)
+        return DashboardView(
+            counts=self.counts_markdown(stats), headline=panels.headline(rounds, win_rates, policies),
+            across=panels_html(panels.across_rounds(rounds, win_rates, policies)), within_title=within_title,
+            within=panels_html(within),
+            rounds=pd.DataFrame(panels.rounds_rows(rounds, now=datetime.now().astimezone()),
+                                columns=panels.ROUND_COLUMNS),
+            win_rates=pd.DataFrame(panels.win_rate_rows(win_rates, policies), columns=panels.WIN_RATE_COLUMNS),
+            by_annotator=by_annotator, agreement_text=agreement_text, agreement=agreement, people_note=people_note,
+            people=people_frame, report_round=report_round, report=report)
 
 
-def build_dashboard_tab(handlers: DashboardHandlers, config: AppConfig) -> tuple[gr.Timer, list]:
-    """Lay out the dashboard inside the current gr.Tab; returns (its refresh timer, the refresh outputs)."""
+@dataclass
+class DashboardTab:
+    """The tab's components, one per DashboardView field, and its refresh timer."""
+
+    components: dict[str, gr.components.Component]
+    timer: gr.Timer
+
+    @property
+    def outputs(self) -> list:
+        return list(self.components.values())
+
+    def render(self, view: DashboardView) -> dict:
+        """The view as Gradio's {component: value}."""
+        return {self.components[f.name]: getattr(view, f.name) for f in fields(DashboardView)}
+
+
+def _table(columns: list[str], label: str, **extra) -> gr.Dataframe:
+    return gr.Dataframe(pd.DataFrame(columns=columns), label=label, interactive=False, wrap=True, **extra)
+
+
+def _layout() -> dict[str, gr.components.Component]:
+    """The components, top to bottom, keyed by the DashboardView field each shows."""
+    parts = {"counts": gr.Markdown(elem_id="dashboard-counts"), "headline": gr.Markdown(elem_id="dashboard-headline"),
+             "across": gr.HTML(elem_id="dashboard-across", js_on_load=None)}
+    parts["within_title"] = gr.Markdown(elem_id="dashboard-within-title")
+    parts["within"] = gr.HTML(elem_id="dashboard-within", js_on_load=None)
+    parts["rounds"] = _table(panels.ROUND_COLUMNS, "Rounds (newest first)", elem_id="rounds-table")
+    parts["win_rates"] = _table(panels.WIN_RATE_COLUMNS, "People's win rate of each policy against an earlier one "
+                                "(versus pairs; ties count half; Wilson 95% interval)", elem_id="win-rates-table")
+    with gr.Row():
+        parts["by_annotator"] = _table(["annotator", "votes"], "Votes by annotator")
+        with gr.Column():
+            parts["agreement_text"] = gr.Markdown()
+            parts["agreement"] = _table(AGREEMENT_COLUMNS, "Agreement per annotator pair")
+    with gr.Accordion("People (admins)", open=False):
+        parts["people_note"] = gr.Markdown(elem_id="people-note")
+        parts["people"] = _table(PEOPLE_COLUMNS, "Each annotator", elem_id="people-table")
+    with gr.Accordion("Round report: the same prompts before and after", open=False):
+        parts["report_round"] = gr.Dropdown([], label="Round", elem_id="report-round", interactive=True)
+        parts["report"] = gr.HTML(elem_id="round-report", js_on_load=None)
+    return parts
+
+
+def build_dashboard_tab(handlers: DashboardHandlers, session: gr.State, config: AppConfig) -> DashboardTab:
+    """Lay out the dashboard inside the current gr.Tab; the caller fills it on page load and when the tab opens."""
     refresh_button = gr.Button("Refresh", size="sm")
-    counts = gr.Markdown(elem_id="dashboard-counts")
-    with gr.Row():
-        by_annotator = gr.Dataframe(pd.DataFrame(columns=["annotator", "votes"]), label="Votes by annotator",
-                                    interactive=False)
-        with gr.Column():
-            agreement_text = gr.Markdown()
-            agreement = gr.Dataframe(pd.DataFrame(columns=AGREEMENT_COLUMNS), label="Agreement per annotator pair",
-                                     interactive=False)
-    rounds = gr.Dataframe(pd.DataFrame(columns=ROUND_COLUMNS), label="Rounds (newest first)", interactive=False,
-                          elem_id="rounds-table")
-    with gr.Row():
-        across = gr.LinePlot(pd.DataFrame(columns=["round", "metric", "value"]), x="round", y="value",
-                             color="metric", title="Metrics across rounds", caption=NO_ROUNDS_ACROSS)
-        with gr.Column():
-            within_title = gr.Markdown()
-            within = gr.LinePlot(pd.DataFrame(columns=["step", "metric", "value"]), x="step", y="value",
-                                 color="metric", title="Metrics within the last round", caption=NO_ROUNDS_WITHIN)
-    win_rates = gr.Dataframe(
-        pd.DataFrame(columns=WIN_RATE_COLUMNS), interactive=False,
-        label="Human win rate of each policy against an earlier one (versus pairs; ties count half)",
-    )
-    timer = gr.Timer(config.refresh_s, active=False)
-    outputs = [counts, by_annotator, agreement_text, agreement, rounds, across, within_title, within, win_rates]
-    refresh_button.click(handlers.refresh, None, outputs, api_visibility="private", concurrency_limit=None)
-    timer.tick(handlers.refresh, None, outputs, api_visibility="private", concurrency_limit=None,
-               show_progress="hidden")
-    return timer, outputs
+    tab = DashboardTab(_layout(), gr.Timer(config.refresh_s, active=False))
+
+    picker = tab.components["report_round"]
+
+    def refresh(state: Session, report_round, request: gr.Request):
+        return tab.render(handlers.refresh(state, request, report_round))
+
+    def show_report(report_round):
+        choice, frame = handlers.report(report_round)
+        return {picker: choice, tab.components["report"]: frame}
+
+    quiet = {"api_visibility": "private", "concurrency_limit": None}
+    refresh_button.click(refresh, [session, picker], tab.outputs, **quiet)
+    tab.timer.tick(refresh, [session, picker], tab.outputs, show_progress="hidden", **quiet)
+    picker.input(show_report, [picker], [picker, tab.components["report"]], **quiet)
+    return tab

@@ -10,24 +10,6 @@ from loop.config import LoopConfig
 
 EXIT_REFUSED = 3
 EXIT_BUSY = 4
-SUMMARY_KEYS = [
-    ("rm/heldout_accuracy", "reward model held-out accuracy", "{:.1%}"),
-    ("rm/n_heldout_sample", "  on random sample pairs held out", "{:.0f}"),
-    ("rm/heldout_accuracy_versus", "  held-out accuracy, versus pairs", "{:.1%}"),
-    ("rm/heldout_accuracy_chosen", "  held-out accuracy, chosen pairs", "{:.1%}"),
-    ("rm/n_train", "pairs trained on", "{:.0f}"),
-    ("ppo/reward", "mean reward (score - KL)", "{:.3f}"),
-    ("ppo/score", "mean reward-model score", "{:.3f}"),
-    ("ppo/kl", "KL to the reference", "{:.4f}"),
-    ("ppo/response_len", "mean answer length (tokens)", "{:.1f}"),
-    ("round/policy_id", "new policy", "{}"),
-    ("round/pairs_generated", "pairs queued for annotation", "{}"),
-    ("round/reward_seconds", "seconds: reward model", "{:.0f}"),
-    ("round/ppo_seconds", "seconds: PPO", "{:.0f}"),
-    ("round/ceiling_seconds", "seconds: the oracle's ceiling (demo)", "{:.0f}"),
-    ("round/pairs_seconds", "seconds: next pairs", "{:.0f}"),
-    ("round/seconds", "seconds: the whole round", "{:.0f}"),
-]
 
 
 def _log(message: str) -> None:
@@ -35,12 +17,11 @@ def _log(message: str) -> None:
 
 
 def summary_table(metrics: dict) -> str:
-    rows = []
-    for key, label, fmt in SUMMARY_KEYS:
-        value = metrics.get(key)
-        if value is not None:
-            rows.append(f"  {label:<34} {fmt.format(value)}")
-    return "\n".join(rows)
+    """A line for each of annotate.metrics.SUMMARY that the round recorded: its label and value."""
+    from annotate.metrics import SUMMARY
+
+    return "\n".join(f"  {metric.label:<44} {metric.text(value)}" for metric in SUMMARY
+                     if (value := metric.of(metrics)) is not None)
 
 
 def train_round(args, config: LoopConfig) -> int:

@@ -65,28 +65,38 @@ def train_reward(args, config: LoopConfig) -> int:
         return _fail("--train-reward", str(error))
     if not is_main_process():
         return 0
-    metrics = result.metrics
-    if result.heldout_accuracy is None:
-        print(f"Held-out accuracy: not measured (no random sample pair held out; "
-              f"{metrics.get('rm/n_heldout', 0)} in all).")
-    else:
-        print(f"Held-out accuracy: {result.heldout_accuracy:.1%} on {metrics['rm/n_heldout_sample']} pairs "
-              f"(trained on {metrics['rm/n_train']}; training accuracy {metrics['rm/accuracy']:.1%}).")
-    for source in ("versus", "chosen"):  # votes from the store: pairs of other kinds, reported apart
-        if metrics.get(f"rm/heldout_accuracy_{source}") is not None:
-            print(f"  on {source} pairs: {metrics[f'rm/heldout_accuracy_{source}']:.1%} of "
-                  f"{metrics[f'rm/n_heldout_{source}']}")
+    print(heldout_text(result.metrics))
     print(f"Reward model saved to {result.path}")
     return 0
+
+
+def heldout_text(metrics: dict) -> str:
+    """What `--train-reward` says of its model: held-out accuracy on the random sample pairs with their n, the training
+    accuracy beside it, and the other sources' apart (votes from the store: pairs of other kinds)."""
+    from annotate.metrics import (PAIR_SOURCES_MEASURED, RM_HELDOUT_ACCURACY, RM_HELDOUT_N, RM_N_HELDOUT, RM_N_TRAIN,
+                                  RM_TRAIN_ACCURACY, heldout_accuracy_of, n_heldout_of)
+
+    accuracy = RM_HELDOUT_ACCURACY.of(metrics)
+    if accuracy is None:
+        lines = [f"Held-out accuracy: not measured (no random sample pair held out; "
+                 f"{RM_N_HELDOUT.text(RM_N_HELDOUT.of(metrics) or 0)} in all)."]
+    else:
+        lines = [f"Held-out accuracy: {accuracy:.1%} on {RM_HELDOUT_N.text(RM_HELDOUT_N.of(metrics))} pairs "
+                 f"(trained on {RM_N_TRAIN.text(RM_N_TRAIN.of(metrics))}; training accuracy "
+                 f"{RM_TRAIN_ACCURACY.text(RM_TRAIN_ACCURACY.of(metrics))})."]
+    for source in PAIR_SOURCES_MEASURED:
+        if (value := heldout_accuracy_of(source).of(metrics)) is not None:
+            count = n_heldout_of(source)
+            lines.append(f"  on {source} pairs: {value:.1%} of {count.text(count.of(metrics))}")
+    return "\n".join(lines)
 
 
 def train_ppo(args, config: LoopConfig) -> int:
     """`--train-ppo --reward-model DIR [--prompts FILE] [--out DIR] [--reference DIR]`: PPO alone, with [ppo] as the
     round would run it on that reward model (loop.config.ppo_settings)."""
     from loop.config import ppo_settings
-    from loop.stages import StageInputError, ppo_prompts
+    from loop.stages import StageInputError, ppo_prompts, train_ppo_with_card
     from rlhf.models import ModelNotFoundError
-    from rlhf.ppo.train import train_ppo as run_ppo
     from rlhf.reward.model import is_reward_model_dir
 
     if not args.reward_model:
@@ -102,13 +112,15 @@ def train_ppo(args, config: LoopConfig) -> int:
     if ppo is not config.ppo and is_main_process():
         print("Head reward model: scores normalised, GAE lambda 1 (round.adapt_ppo_to_head).", file=sys.stderr)
     try:
-        result = run_ppo(config.app.model, args.reward_model, prompts, ppo, _out_dir(args, "ppo"),
-                         reference_path=args.reference)
+        result = train_ppo_with_card(config, args.reward_model, prompts, ppo, _out_dir(args, "ppo"), args.reference)
     except ModelNotFoundError as error:
         return _fail("--train-ppo", str(error))
     if not is_main_process():
         return 0
+    from annotate.metrics import PPO_KL, PPO_SCORE
+
     last = result.history[-1]
     print(f"PPO: {len(result.history)} steps on {len(prompts)} prompts; last step score "
-          f"{last['ppo/score']:.3f}, KL {last['ppo/kl']:.3f}. Actor saved to {result.saved_path}.")
+          f"{PPO_SCORE.text(PPO_SCORE.of(last))}, KL {PPO_KL.text(PPO_KL.of(last))}. Actor saved to "
+          f"{result.saved_path}.")
     return 0

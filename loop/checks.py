@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from annotate.metrics import (PAIR_SOURCES_MEASURED, RM_HELDOUT_ACCURACY, RM_HELDOUT_HIGH, RM_HELDOUT_LOW, RM_HELDOUT_N,
+                              RM_LIVE_PREFIX, RM_N_HELDOUT, heldout_accuracy_of, n_heldout_of)
 from annotate.statistics import votes_to_beat_chance, wilson_interval
 
 CURVE_VOTES_FOR_TARGET = 200
@@ -32,14 +34,13 @@ def check_accuracy(metrics: dict, plan, config, record: Callable[[dict], None], 
     `plan` the round's (its round_id and preferences), `config` the LoopConfig. round.min_accuracy = 0 turns
     every refusal off.
     """
-    accuracy, n_sample = metrics.get("rm/heldout_accuracy"), int(metrics.get("rm/n_heldout_sample", 0))
+    accuracy, n_sample = RM_HELDOUT_ACCURACY.of(metrics), int(RM_HELDOUT_N.of(metrics) or 0)
     z = config.votes.confidence_z
     low, high = wilson_interval(accuracy, n_sample, z) if accuracy is not None else (0.0, 1.0)
-    record({**{k: v for k, v in metrics.items() if not k.startswith("rm/live_")},
-            "rm/heldout_accuracy": accuracy, "rm/heldout_low": low, "rm/heldout_high": high})
-    others = [f"{source} pairs {value:.1%} on {int(metrics.get(f'rm/n_heldout_{source}', 0))}"
-              for source in ("versus", "chosen")
-              if (value := metrics.get(f"rm/heldout_accuracy_{source}")) is not None]
+    record({**{k: v for k, v in metrics.items() if not k.startswith(RM_LIVE_PREFIX)},
+            RM_HELDOUT_ACCURACY.name: accuracy, RM_HELDOUT_LOW.name: low, RM_HELDOUT_HIGH.name: high})
+    others = [f"{source} pairs {value:.1%} on {int(n_heldout_of(source).of(metrics) or 0)}"
+              for source in PAIR_SOURCES_MEASURED if (value := heldout_accuracy_of(source).of(metrics)) is not None]
     log(f"Round {plan.round_id}: reward model held-out accuracy on random sample pairs "
         f"{'n/a (none held out)' if accuracy is None else f'{accuracy:.1%} ({low:.0%}-{high:.0%} on {n_sample} pairs)'}"
         f"{'; ' + ', '.join(others) if others else ''} "
@@ -49,7 +50,7 @@ def check_accuracy(metrics: dict, plan, config, record: Callable[[dict], None], 
     n_votes = len(plan.preferences)
     if accuracy is None:
         raise RoundRefused(
-            f"No random sample pair was held out ({int(metrics.get('rm/n_heldout', 0))} held-out pairs in all: the "
+            f"No random sample pair was held out ({int(RM_N_HELDOUT.of(metrics) or 0)} held-out pairs in all: the "
             f"prompts whose hash falls in reward.heldout_fraction = {config.reward.heldout_fraction:.0%}, all of them "
             "versus or chosen pairs, or none at all), so the reward model's accuracy on what the policy writes is "
             "unmeasured: PPO on it could chase noise. Collect votes on more prompts, or set round.min_accuracy=0 to "

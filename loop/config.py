@@ -33,6 +33,8 @@ class RoundConfig:
     """Pairs generated for annotation from the new policy at the end of the round."""
     versus_share: float = 0.25
     """Share of the next pairs that put the new policy against an earlier one."""
+    report_prompts: int = 16
+    """Prompts the round report answers with the policy before and after the round; 0: no report."""
     adapt_ppo_to_head: bool = True
     """PPO on a head, ensemble or LP-FT reward model (the few-vote strategies) normalises its scores
     (ppo.normalize_rewards) and takes GAE's lambda as 1 (ppo.lam): raw head scores move by hundredths, and lambda 0.95

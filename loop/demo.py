@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from annotate.metrics import (DEMO_ANNOTATOR, DEMO_FIRST_JUDGE_SCORE, DEMO_JUDGE_SCORE, DEMO_WIN_RATE,
+                              DEMO_WIN_RATE_HIGH, DEMO_WIN_RATE_LOW, PPO_KL, PPO_REWARD, RM_HELDOUT_ACCURACY,
+                              ROUND_ACTOR_POLICY_ID, ROUND_CEILING_POLICY_PATH, ROUND_REWARD_MODEL_PATH, ROUND_SECONDS,
+                              ceiling_name, stage_seconds)
 from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, resolve_score
 from annotate.statistics import mean_and_standard_error
 from annotate.store import Store
@@ -122,6 +126,8 @@ class Evaluation:
         """The prompt of each answer."""
         self.first_answers: list[str] = []
         self.first_score: dict = {"judge_score": None, "judge_score_se": None}
+        self.by_policy: dict[str, list[str]] = {}
+        """Each policy's answers, by its folder: sampled with one seed, a policy's answers are the same each time."""
 
     def answer_first(self, first_path: str) -> None:
         """The first policy's answers, which every later policy's are judged against, and the rule's score of them."""
@@ -134,8 +140,10 @@ class Evaluation:
     def answers(self, policy_path: str) -> list[str]:
         from loop import policies
 
-        return policies.policy_answers(policy_path, self.prompts, self.sampling, self.per_prompt, self.seed,
-                                       self.batch_size)
+        if policy_path not in self.by_policy:
+            self.by_policy[policy_path] = policies.policy_answers(policy_path, self.prompts, self.sampling,
+                                                                  self.per_prompt, self.seed, self.batch_size)
+        return self.by_policy[policy_path]
 
     def judge_policy(self, policy_path: str) -> tuple[list[str], dict]:
         """The policy's answers and their verdicts against the first policy's (loop.judging.judged)."""
@@ -159,8 +167,9 @@ def fill_pair_queue(store: Store, config: LoopConfig, wanted: int, seeds: DemoSe
         pair_judge = policies.load_pair_judge(judge_path, config.votes)  # not the annotator: the reward model
         _log(f"Generating {wanted - waiting} pairs from policy {latest.id} to vote on"
              f"{', chosen by the reward model at ' + judge_path if pair_judge is not None else ''}.")
-        request = PairRequest(wanted - waiting, latest.id, sampling=config.sampling, seed=seeds.pairs(round_number, call),
-                              batch_size=config.pairs.batch_size, exclude_prompts=exclude)
+        request = PairRequest(wanted - waiting, latest.id, sampling=config.sampling,
+                              seed=seeds.pairs(round_number, call), batch_size=config.pairs.batch_size,
+                              exclude_prompts=exclude)
         pairs.queue_pairs(store, request, config.votes, judge=pair_judge, progress=PairBar())
         if store.pairs_waiting() == waiting:  # nothing usable came back: vote on what there is
             return
@@ -169,8 +178,8 @@ def fill_pair_queue(store: Store, config: LoopConfig, wanted: int, seeds: DemoSe
 def own_round_seconds(metrics: dict) -> float | None:
     """Seconds the round itself took (what `--train-round` takes on the same votes): its run less the oracle's ceiling,
     a demo measurement; None for a round a crash left without a time."""
-    seconds = metrics.get("round/seconds")
-    return None if seconds is None else round(seconds - metrics.get("round/ceiling_seconds", 0.0), 1)
+    seconds = ROUND_SECONDS.of(metrics)
+    return None if seconds is None else round(seconds - (stage_seconds("ceiling").of(metrics) or 0.0), 1)
 
 
 def demo_row(result, policy_path: str, evaluation: Evaluation, config: LoopConfig) -> dict:
@@ -180,17 +189,17 @@ def demo_row(result, policy_path: str, evaluation: Evaluation, config: LoopConfi
     metrics = result.metrics
     new_answers, verdicts = evaluation.judge_policy(policy_path)
     row = {"round": result.round_id,  # the database's round: a reused database goes on from its last one
-           "rm_accuracy": metrics.get("rm/heldout_accuracy"), "reward": metrics.get("ppo/reward"),
-           "kl": metrics.get("ppo/kl"), **verdicts}
-    reward_path = metrics.get("round/reward_model_path")  # absent when a resumed round reused a crashed one's
+           "rm_accuracy": RM_HELDOUT_ACCURACY.of(metrics), "reward": PPO_REWARD.of(metrics), "kl": PPO_KL.of(metrics),
+           **verdicts}
+    reward_path = metrics.get(ROUND_REWARD_MODEL_PATH)  # absent when a resumed round reused a crashed one's
     row["rm_score"], row["rm_score_first"] = reward_model_means(
         reward_path, evaluation.each, [new_answers, evaluation.first_answers], config.reward.max_length) \
         if reward_path and Path(reward_path).is_dir() else (None, None)
     if sim.oracle_ceiling:  # None when a resumed round never ran it
-        ceiling = metrics.get("round/ceiling_policy_path")
+        ceiling = metrics.get(ROUND_CEILING_POLICY_PATH)
         row.update({"oracle_" + key: value for key, value in evaluation.judge_policy(ceiling)[1].items()} if ceiling
                    else {"oracle_win_rate": None})
-        row["oracle_kl"] = metrics.get("ceiling/kl")
+        row["oracle_kl"] = metrics.get(ceiling_name(PPO_KL.name))
     row["round_seconds"] = own_round_seconds(metrics)
     return row
 
@@ -227,20 +236,42 @@ def demo_round(store: Store, config: LoopConfig, annotator: DemoAnnotator, evalu
     started = time.perf_counter()
     fill_pair_queue(store, config, sim.votes, seeds, round_number, frozenset(evaluation.prompts))
     voted = simulate.simulate_votes(store, annotator.voter, annotator.name, sim.votes, seed=seeds.votes(round_number),
-                           score=annotator.score)  # graded by the rule's score, where it has one
+                                    score=annotator.score)  # graded by the rule's score, where it has one
     _log(f"Demo round {round_number} of {sim.rounds}: {annotator.name} cast {voted.votes} votes.")
     oracle = annotator.oracle()
     try:
         result = rounds.run_round(config.app.db, config.app.model, config, log=_log,
-                           exclude_prompts=set(evaluation.prompts),
-                           reward_function=oracle if sim.reward == "oracle" else None,
-                           ceiling_reward=oracle if sim.oracle_ceiling else None)
+                                  exclude_prompts=set(evaluation.prompts),
+                                  reward_function=oracle if sim.reward == "oracle" else None,
+                                  ceiling_reward=oracle if sim.oracle_ceiling else None, make_report=False)
     except RoundRefused as error:
         print(f"demo round {round_number} of {sim.rounds} refused: {error}", file=sys.stderr)
         return None
-    row = demo_row(result, store.policy(result.policy_id).path, evaluation, config)
+    new_path = store.policy(result.policy_id).path
+    row = demo_row(result, new_path, evaluation, config)
     row["seconds"] = round(time.perf_counter() - started, 1)
+    store.update_round_metrics(result.round_id, judge_metrics(row, evaluation.first_score, annotator.spec))
+    report_from_evaluation(store, result.round_id, new_path, evaluation, config)
     return row
+
+
+def report_from_evaluation(store: Store, round_id: int, new_path: str, evaluation: Evaluation,
+                           config: LoopConfig) -> None:
+    """The round's report on the evaluation prompts: the answers of the policy the round started from (the previous
+    round's, judged then, or sampled now) beside the new policy's."""
+    from loop.report import make_round_report
+
+    actor = store.policy(int(store.round(round_id).metrics[ROUND_ACTOR_POLICY_ID]))
+    answers = list(zip(evaluation.each, evaluation.answers(actor.path), evaluation.answers(new_path)))
+    make_round_report(store, round_id, config, answers=answers, log=_log)
+
+
+def judge_metrics(row: dict, first: dict, annotator: str) -> dict:
+    """The judge's figures of a demo round, recorded with the round (the Dashboard shows them where they exist: only a
+    simulated annotator can judge every answer)."""
+    return {DEMO_ANNOTATOR: annotator, DEMO_WIN_RATE.name: row["win_rate"], DEMO_WIN_RATE_LOW.name: row["win_rate_low"],
+            DEMO_WIN_RATE_HIGH.name: row["win_rate_high"], DEMO_JUDGE_SCORE.name: row["judge_score"],
+            DEMO_FIRST_JUDGE_SCORE.name: first["judge_score"]}
 
 
 def run_demo_loop(config: LoopConfig) -> int:
@@ -266,8 +297,9 @@ def run_demo_loop(config: LoopConfig) -> int:
     evaluation.answer_first(first.path)
     if annotator.score is not None:
         first_score = evaluation.first_score
-        _log(f"The first policy's answers score {_plus_minus(first_score['judge_score'], first_score['judge_score_se'])}"
-             f" on average by the {sim.annotator} rule.")
+        _log(f"The first policy's answers score "
+             f"{_plus_minus(first_score['judge_score'], first_score['judge_score_se'])} on average by the "
+             f"{sim.annotator} rule.")
     rows = []
     for round_number in range(1, sim.rounds + 1):
         row = demo_round(store, config, annotator, evaluation, seeds, round_number)

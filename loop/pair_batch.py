@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+from annotate.metrics import GEN_FINISHED_SHARE, GEN_MEAN_TOKENS, GEN_TOKENS_PER_S, TIME_GENERATE_S
 from annotate.store import Store
 from loop.children.pair_child import ChildLines
 from loop.config import LoopConfig
@@ -83,9 +84,9 @@ def generate_pair_batch(config: LoopConfig, n_pairs: int, versus_share: float, p
         stats = report.stats
         print(f"{report.written} pairs written ({report.sample} sample, {report.versus} versus); skipped "
               f"{report.skipped_identical} with identical and {report.skipped_empty} with empty answers. "
-              f"{stats.get('gen/finished_share', 0.0):.0%} of answers finished, "
-              f"{stats.get('gen/mean_tokens', 0.0):.0f} tokens on average, "
-              f"{stats.get('gen/tokens_per_s', 0.0):.1f} tokens/s, {stats.get('time/generate_s', 0.0):.0f} s. "
+              f"{stats.get(GEN_FINISHED_SHARE, 0.0):.0%} of answers finished, "
+              f"{stats.get(GEN_MEAN_TOKENS, 0.0):.0f} tokens on average, "
+              f"{stats.get(GEN_TOKENS_PER_S, 0.0):.1f} tokens/s, {stats.get(TIME_GENERATE_S, 0.0):.0f} s. "
               f"{store.pairs_waiting()} pairs wait for votes.", file=sys.stderr if lines else sys.stdout)
     if lines:
         lines.written(report.written)

@@ -14,6 +14,7 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
+from annotate.metrics import GEN_ANSWERS, GEN_FINISHED_SHARE, GEN_MEAN_TOKENS, GEN_TOKENS_PER_S, TIME_GENERATE_S
 from annotate.records import Policy
 from rlhf.sampling import DEFAULT_BATCH_SIZE, Sampling
 
@@ -128,14 +129,14 @@ def usable(a, b, report: PairsReport) -> bool:
 
 def merge_generation_stats(total: dict[str, float], part: dict[str, float]) -> None:
     """Add one generation call's figures (gen/*, time/generate_s) to a running total, means weighted by answers."""
-    answers = total.get("gen/answers", 0.0) + part["gen/answers"]
-    for key in ("gen/finished_share", "gen/mean_tokens"):  # answer-weighted means
-        total[key] = (total.get(key, 0.0) * total.get("gen/answers", 0.0) + part[key] * part["gen/answers"]) / answers
-    tokens = total.get("gen/tokens_per_s", 0.0) * total.get("time/generate_s", 0.0)
-    tokens += part["gen/tokens_per_s"] * part["time/generate_s"]
-    total["time/generate_s"] = total.get("time/generate_s", 0.0) + part["time/generate_s"]
-    total["gen/tokens_per_s"] = tokens / total["time/generate_s"] if total["time/generate_s"] > 0 else 0.0
-    total["gen/answers"] = answers
+    answers = total.get(GEN_ANSWERS, 0.0) + part[GEN_ANSWERS]
+    for key in (GEN_FINISHED_SHARE, GEN_MEAN_TOKENS):  # answer-weighted means
+        total[key] = (total.get(key, 0.0) * total.get(GEN_ANSWERS, 0.0) + part[key] * part[GEN_ANSWERS]) / answers
+    tokens = total.get(GEN_TOKENS_PER_S, 0.0) * total.get(TIME_GENERATE_S, 0.0)
+    tokens += part[GEN_TOKENS_PER_S] * part[TIME_GENERATE_S]
+    total[TIME_GENERATE_S] = total.get(TIME_GENERATE_S, 0.0) + part[TIME_GENERATE_S]
+    total[GEN_TOKENS_PER_S] = tokens / total[TIME_GENERATE_S] if total[TIME_GENERATE_S] > 0 else 0.0
+    total[GEN_ANSWERS] = answers
 
 
 def add_report(total: PairsReport, part: PairsReport) -> None:
@@ -145,5 +146,5 @@ def add_report(total: PairsReport, part: PairsReport) -> None:
     total.versus += part.versus
     total.skipped_identical += part.skipped_identical
     total.skipped_empty += part.skipped_empty
-    if part.stats.get("gen/answers"):
+    if part.stats.get(GEN_ANSWERS):
         merge_generation_stats(total.stats, part.stats)

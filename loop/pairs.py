@@ -17,6 +17,7 @@ import sys
 from dataclasses import replace
 from typing import Callable
 
+from annotate.metrics import ACTIVE_CANDIDATE_ANSWERS, ACTIVE_UNCERTAIN, GEN_ANSWERS
 from annotate.records import NewGeneration, NewPair, Prompt
 from loop.pair_request import (PairChooser, PairProgress, PairRequest, PairsReport, add_report, earlier_policy,
                                merge_generation_stats, usable)
@@ -79,7 +80,8 @@ class _PairSink(AnswerWatch):
         self.progress.step(step, most)
 
     def add(self, prompt_id: int, side: str, policy_id: int, kind: str, answer: Answer) -> None:
-        """Side "a" or "b" of the pair for `prompt_id`; the pair is written (or skipped, see `usable`) with the second."""
+        """Side "a" or "b" of the pair for `prompt_id`; the pair is written (or skipped, see `usable`) with the
+        second."""
         sides = self.sides.setdefault(prompt_id, {})
         sides[side] = (answer, policy_id)
         if len(sides) < 2:
@@ -218,7 +220,7 @@ def make_active_pairs(store, request: PairRequest, chooser: PairChooser, votes: 
                                  chosen_by="uncertain" if rank < n_uncertain else "random"))
     store.add_pairs_bulk(new_pairs)
     report.written = report.sample = len(new_pairs)
-    report.stats["active/uncertain"] = float(n_uncertain)
+    report.stats[ACTIVE_UNCERTAIN] = float(n_uncertain)
     return report
 
 
@@ -272,6 +274,6 @@ def queue_pairs(store, request: PairRequest, votes: VotesConfig, judge=None, mod
     active = make_active_pairs(store, replace(request, n_pairs=n_pairs - n_versus, versus_share=0.0), chooser, votes,
                                model, _Part(progress, n_versus, n_pairs - n_versus, n_pairs, 2 * n_versus, planned))
     add_report(report, active)
-    report.stats["active/uncertain"] = active.stats.get("active/uncertain", 0.0)
-    report.stats["active/candidate_answers"] = active.stats.get("gen/answers", 0.0)
+    report.stats[ACTIVE_UNCERTAIN] = active.stats.get(ACTIVE_UNCERTAIN, 0.0)
+    report.stats[ACTIVE_CANDIDATE_ANSWERS] = active.stats.get(GEN_ANSWERS, 0.0)
     return report

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from annotate.metrics import ROUND_REWARD_MODEL_PATH
 from rlhf.generate import generate_answers
 from rlhf.reward.strategies import HEADS_FILE, VotesConfig
 from rlhf.sampling import DEFAULT_BATCH_SIZE, Sampling
@@ -43,7 +44,7 @@ def has_heads(path: str | None) -> bool:
 def pair_judge_path(store) -> str | None:
     """The last finished round's reward model folder when it holds bootstrap heads; None before any round."""
     last = store.last_done_round()
-    path = last.metrics.get("round/reward_model_path") if last is not None else None
+    path = last.metrics.get(ROUND_REWARD_MODEL_PATH) if last is not None else None
     return path if has_heads(path) else None
 
 

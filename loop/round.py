@@ -16,6 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from annotate.metrics import (ACTIVE_CANDIDATE_ANSWERS, ACTIVE_UNCERTAIN, HISTORY, PPO_PREFIX,
+                              RM_LIVE_PREFIX, ROUND_ACTIVE_CANDIDATE_ANSWERS, ROUND_ACTIVE_SHARE,
+                              ROUND_CEILING_POLICY_PATH, ROUND_NORMALIZE_REWARDS, ROUND_PAIRS_GENERATED,
+                              ROUND_POLICY_ID, ROUND_POLICY_PATH, ROUND_PPO_LAM, ROUND_PPO_REWARD, ROUND_PPO_SEED,
+                              ROUND_RESUMED_POLICY, ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY, ROUND_SECONDS,
+                              ROUND_STAGE, ceiling_name, stage_seconds)
 from annotate.store import Store
 from loop.checks import RoundRefused, check_accuracy
 from loop.config import LoopConfig, function_ppo_settings, ppo_settings, strategy_settings
@@ -66,7 +72,7 @@ class RoundRun:
         """A stage's result; its wall seconds recorded as round/<stage>_seconds."""
         stage_started = time.perf_counter()
         outcome = run_stage(self, *stage_args)
-        self.record({f"round/{stage}_seconds": time.perf_counter() - stage_started})
+        self.record({stage_seconds(stage).name: time.perf_counter() - stage_started})
         return outcome
 
     def close(self) -> None:
@@ -107,7 +113,7 @@ def _train(run: RoundRun, base_model: str, reward_function: RewardFunction | Non
     if plan.reuse_policy_id is not None:
         run.log(f"Round {plan.round_id}: policy {plan.reuse_policy_id} was saved by a crashed round; generating its "
                 "pairs.")
-        run.record({"round/policy_id": plan.reuse_policy_id, "round/resumed_policy": True})
+        run.record({ROUND_POLICY_ID.name: plan.reuse_policy_id, ROUND_RESUMED_POLICY: True})
         return plan.reuse_policy_id, plan.reuse_reward_path
     reward_path = run.timed("reward", _reward_stage, base_model)
     policy_id = run.timed("ppo", _ppo_stage, reward_path, reward_function)
@@ -119,22 +125,26 @@ def _train(run: RoundRun, base_model: str, reward_function: RewardFunction | Non
 def run_round(db_path: str | Path, base_model: str, config: LoopConfig, log: Log = print,
               exclude_prompts: set[str] | None = None,
               reward_function: RewardFunction | None = None,
-              ceiling_reward: RewardFunction | None = None) -> RoundResult:
+              ceiling_reward: RewardFunction | None = None, make_report: bool = True) -> RoundResult:
     """Run one round end to end (steps 1-6 of docs/design.md, "The round"); raises RoundRefused with the reason.
 
     `exclude_prompts` (the demo's evaluation prompts) are kept out of PPO and of the next pairs.
     `reward_function` (texts of answers -> scores) replaces the reward model as PPO's reward; the reward model is still
     trained and its accuracy checked and recorded. `ceiling_reward` adds a second PPO run from the same policy with
-    that reward (`_ceiling_stage`): its policy is a folder only, recorded as round/ceiling_policy_path.
+    that reward (`_ceiling_stage`): its policy is a folder only, recorded as round/ceiling_policy_path. The round ends
+    with its report (loop.report) unless `make_report` is False (the demo loop makes it from its own answers) or
+    round.report_prompts is 0.
     """
     run = start_round(db_path, base_model, config, exclude_prompts, log)
     try:
         policy_id, reward_path = _train(run, base_model, reward_function, ceiling_reward)
         if run.is_main:
-            run.record({"round/stage": "pairs"})
+            run.record({ROUND_STAGE: "pairs"})
             made = run.timed("pairs", _pairs_stage, policy_id, reward_path, frozenset(exclude_prompts or ()))
-            run.record({"round/pairs_generated": made, "round/seconds": time.perf_counter() - run.started,
-                        "round/stage": "done"})
+            run.record({ROUND_PAIRS_GENERATED.name: made})
+            if make_report and config.round.report_prompts > 0:
+                run.timed("report", _report_stage)
+            run.record({ROUND_SECONDS.name: time.perf_counter() - run.started, ROUND_STAGE: "done"})
             run.store.finish_round(run.plan.round_id)
         wait_for_everyone()
     except BaseException as error:
@@ -154,11 +164,11 @@ def _reward_stage(run: RoundRun, base_model: str) -> str:
     plan, config, record, log = run.plan, run.config, run.record, run.log
     if plan.reuse_reward_path:
         log(f"Round {plan.round_id}: reusing the reward model a crashed round trained on the same votes.")
-        record({"round/reward_model_path": plan.reuse_reward_path})
+        record({ROUND_REWARD_MODEL_PATH: plan.reuse_reward_path})
         return plan.reuse_reward_path
     votes = config.votes
     strategy = choose_strategy(len(plan.preferences), votes)
-    record({"round/stage": "reward", "round/rm_strategy": strategy})
+    record({ROUND_STAGE: "reward", ROUND_RM_STRATEGY: strategy})
     out_dir = Path(plan.out_dir) / "reward"
     staging = Path(plan.out_dir) / ".reward-staging"
     seed = config.round.seed + plan.round_id
@@ -166,13 +176,13 @@ def _reward_stage(run: RoundRun, base_model: str) -> str:
     log(f"Round {plan.round_id}: training the reward model ({strategy}) on {len(plan.preferences)} preference pairs "
         f"({plan.new_pairs} new){' from the last one' if strategy == 'full' and plan.reward_warm_start else ''}.")
     model = train_strategy(strategy, plan.preferences, plan.reference_path, strategy_config,
-                           on_progress=lambda m: record({"rm/live_" + k.split("/")[-1]: v for k, v in m.items()}))
+                           on_progress=lambda m: record({RM_LIVE_PREFIX + k.split("/")[-1]: v for k, v in m.items()}))
     if run.is_main:
         model.save(staging)
         replace_folder(staging, out_dir)
     wait_for_everyone()
     check_accuracy(model.metrics, plan, config, record, log)
-    record({"round/reward_model_path": str(out_dir)})
+    record({ROUND_REWARD_MODEL_PATH: str(out_dir)})
     return str(out_dir)
 
 
@@ -182,7 +192,7 @@ def _ppo_stage(run: RoundRun, reward_path: str, reward_function: RewardFunction 
     from rlhf.ppo.train import reward_label, train_ppo
 
     plan, config, record, log = run.plan, run.config, run.record, run.log
-    record({"round/stage": "ppo"})
+    record({ROUND_STAGE: "ppo"})
     ppo_config = ppo_settings(config, reward_path, plan.round_id)
     adapted = " (head reward model: scores normalised, GAE lambda 1)" if ppo_config.lam != config.ppo.lam or \
         ppo_config.normalize_rewards != config.ppo.normalize_rewards else ""
@@ -190,13 +200,13 @@ def _ppo_stage(run: RoundRun, reward_path: str, reward_function: RewardFunction 
         ppo_config = function_ppo_settings(ppo_config)
         adapted = " rewarded by a function of the answers' text in place of the reward model (scores normalised)"
     log(f"Round {plan.round_id}: PPO on {len(plan.ppo_prompts)} prompts from policy {plan.actor_policy_id}{adapted}.")
-    record({"round/normalize_rewards": ppo_config.normalize_rewards, "round/ppo_lam": ppo_config.lam,
-            "round/ppo_seed": ppo_config.seed, "round/ppo_reward": "model" if reward_function is None else "function"})
+    record({ROUND_NORMALIZE_REWARDS: ppo_config.normalize_rewards, ROUND_PPO_LAM: ppo_config.lam,
+            ROUND_PPO_SEED: ppo_config.seed, ROUND_PPO_REWARD: "model" if reward_function is None else "function"})
     history: list[dict] = []
 
     def on_step(step_metrics: dict) -> None:
         history.append(step_metrics)
-        record({"history": history})
+        record({HISTORY: history})
 
     staging = Path(plan.out_dir) / ".policy-staging"
     result = train_ppo(plan.actor_path, reward_path, plan.ppo_prompts, ppo_config, staging,
@@ -208,7 +218,7 @@ def _ppo_stage(run: RoundRun, reward_path: str, reward_function: RewardFunction 
 def _publish_policy(run: RoundRun, staging: Path, history: list[dict], ppo_config, reward: str) -> int | None:
     """Step 5 on the main process: the round's model card over train_ppo's (before the rename: a published policy
     folder always has one), the folder renamed into place and recorded as the new policy; None elsewhere."""
-    from rlhf.ppo.model_card import write_model_card
+    from loop.model_card import write_model_card
     from rlhf.ppo.train import summarise_ppo
 
     if not run.is_main:
@@ -220,7 +230,7 @@ def _publish_policy(run: RoundRun, staging: Path, history: list[dict], ppo_confi
                      metrics={**store.round(plan.round_id).metrics, **summary}, reward_model=reward)
     target = replace_folder(staging, Path(plan.out_dir) / "policy")
     policy_id = store.add_policy(plan.policy_round, str(target), parent_id=plan.actor_policy_id)
-    run.record({**summary, "round/policy_id": policy_id, "round/policy_path": str(target)})
+    run.record({**summary, ROUND_POLICY_ID.name: policy_id, ROUND_POLICY_PATH: str(target)})
     run.log(f"Round {plan.round_id}: saved policy {policy_id} (round {plan.policy_round}) to {target}.")
     return policy_id
 
@@ -232,10 +242,11 @@ def _ceiling_stage(run: RoundRun, reward_path: str, reward_function: RewardFunct
     (`ceiling-policy`), never as a policy row, so the loop, its next pairs and the app go on from the round's own
     policy; its path is round/ceiling_policy_path and its mean step metrics ceiling/* (ceiling/kl, ceiling/score...).
     """
-    from rlhf.ppo.train import summarise_ppo, train_ppo
+    from loop.model_card import write_model_card
+    from rlhf.ppo.train import reward_label, summarise_ppo, train_ppo
 
     plan, config, record, log = run.plan, run.config, run.record, run.log
-    record({"round/stage": "ceiling"})
+    record({ROUND_STAGE: "ceiling"})
     ppo_config = function_ppo_settings(ppo_settings(config, reward_path, plan.round_id))
     log(f"Round {plan.round_id}: the ceiling: PPO again from policy {plan.actor_policy_id} on the same prompts, "
         "rewarded by the annotator's own score.")
@@ -243,10 +254,12 @@ def _ceiling_stage(run: RoundRun, reward_path: str, reward_function: RewardFunct
     result = train_ppo(plan.actor_path, reward_path, plan.ppo_prompts, ppo_config, staging,
                        reference_path=plan.reference_path, reward_function=reward_function)
     if run.is_main:
-        target = replace_folder(staging, Path(plan.out_dir) / "ceiling-policy")
         summary = summarise_ppo(result.history)
-        record({**{"ceiling/" + key.split("/", 1)[1]: value for key, value in summary.items()
-                   if key.startswith("ppo/")}, "round/ceiling_policy_path": str(target)})
+        write_model_card(staging, plan.reference_path, metrics=summary, sampling=ppo_config.sampling,
+                         reward_model=reward_label(reward_path, reward_function))
+        target = replace_folder(staging, Path(plan.out_dir) / "ceiling-policy")
+        record({**{ceiling_name(key): value for key, value in summary.items() if key.startswith(PPO_PREFIX)},
+                ROUND_CEILING_POLICY_PATH: str(target)})
         log(f"Round {plan.round_id}: saved the ceiling's policy to {target} (not a policy of the loop).")
     wait_for_everyone()
 
@@ -271,9 +284,22 @@ def _pairs_stage(run: RoundRun, policy_id: int, reward_path: str | None = None,
                           batch_size=config.pairs.batch_size, exclude_prompts=exclude_prompts)
     report = queue_pairs(run.store, request, config.votes, judge=judge, progress=PairBar())
     if judge is not None:
-        share = min(report.stats.get("active/uncertain", 0.0) / max(report.sample, 1), 1.0)
-        run.record({"round/active_share": share,
-                    "round/active_candidates_answers": report.stats.get("active/candidate_answers", 0.0)})
+        share = min(report.stats.get(ACTIVE_UNCERTAIN, 0.0) / max(report.sample, 1), 1.0)
+        run.record({ROUND_ACTIVE_SHARE: share,
+                    ROUND_ACTIVE_CANDIDATE_ANSWERS: report.stats.get(ACTIVE_CANDIDATE_ANSWERS, 0.0)})
         log(f"Round {plan.round_id}: {report.sample} sample pairs, {share:.0%} chosen for the reward model's "
             f"disagreement from {config.votes.oversample} answers a prompt.")
     return report.written
+
+
+def _report_stage(run: RoundRun) -> None:
+    """The round's report: round.report_prompts prompts PPO did not train on, answered before and after, scored, kept
+    in the store (loop.report). The round's work is done by then: a report that fails is said, not a failed round."""
+    from loop.report import make_round_report
+
+    run.record({ROUND_STAGE: "report"})
+    try:
+        make_round_report(run.store, run.plan.round_id, run.config, log=run.log)
+    except Exception as error:  # the policy and the next pairs stand; the report can be made again from them
+        run.log(f"Round {run.plan.round_id}: its report was not made ({type(error).__name__}: {error}); make it with "
+                f"python app.py --report {run.plan.round_id}.")

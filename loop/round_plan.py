@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from annotate.metrics import (ROUND_ACTOR_POLICY_ID, ROUND_MIN_ACCURACY, ROUND_NEW_PAIRS, ROUND_PAIRS_GENERATED,
+                              ROUND_PAIRS_USED, ROUND_POLICY_ID, ROUND_PPO_PROMPTS, ROUND_REFERENCE,
+                              ROUND_REWARD_MODEL_PATH, ROUND_STAGE, ROUND_VOTES)
 from annotate.records import Preference
 from annotate.store import Store
 from loop.checks import RoundRefused
@@ -58,11 +61,11 @@ def _crashed_work(store: Store, n_preferences: int) -> tuple[str | None, int | N
         if round_.status != "failed":
             continue
         metrics = round_.metrics
-        policy_id = metrics.get("round/policy_id")
-        if policy_id is not None and not metrics.get("round/pairs_generated"):
-            return metrics.get("round/reward_model_path"), int(policy_id)
-        reward_path = metrics.get("round/reward_model_path")
-        if reward_path and metrics.get("round/pairs_used") == n_preferences and Path(reward_path).is_dir():
+        policy_id = metrics.get(ROUND_POLICY_ID.name)
+        if policy_id is not None and not metrics.get(ROUND_PAIRS_GENERATED.name):
+            return metrics.get(ROUND_REWARD_MODEL_PATH), int(policy_id)
+        reward_path = metrics.get(ROUND_REWARD_MODEL_PATH)
+        if reward_path and metrics.get(ROUND_PAIRS_USED.name) == n_preferences and Path(reward_path).is_dir():
             return reward_path, None
     return None, None
 
@@ -76,7 +79,7 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
     store.ensure_base_policy(base_model)
     preferences = list(store.preferences())
     last_done = store.last_done_round()
-    used_before = int(last_done.metrics.get("round/pairs_used", 0)) if last_done else 0
+    used_before = int(last_done.metrics.get(ROUND_PAIRS_USED.name, 0)) if last_done else 0
     new_pairs = len(preferences) - used_before
     reuse_reward, reuse_policy = _crashed_work(store, len(preferences))
     if reuse_policy is None and new_pairs < config.round.min_new_pairs:
@@ -97,12 +100,14 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
     plan = RoundPlan(
         round_id=round_id, policy_round=policy_round, preferences=preferences, new_pairs=new_pairs,
         reference_path=first.path, actor_path=latest.path, actor_policy_id=latest.id,
-        reward_warm_start=last_done.metrics.get("round/reward_model_path") if last_done else None,
+        reward_warm_start=last_done.metrics.get(ROUND_REWARD_MODEL_PATH) if last_done else None,
         ppo_prompts=ppo_prompts, out_dir=str(out_dir), reuse_reward_path=reuse_reward, reuse_policy_id=reuse_policy,
     )
     store.update_round_metrics(round_id, {
-        "round/pairs_used": len(preferences), "round/new_pairs": new_pairs, "round/stage": "planned",
-        "round/actor_policy_id": latest.id, "round/reference": first.path,
+        ROUND_PAIRS_USED.name: len(preferences), ROUND_NEW_PAIRS.name: new_pairs, ROUND_STAGE: "planned",
+        ROUND_ACTOR_POLICY_ID: latest.id, ROUND_REFERENCE: first.path,
+        ROUND_VOTES.name: store.count_votes_since(None), ROUND_MIN_ACCURACY.name: config.round.min_accuracy,
+        ROUND_PPO_PROMPTS: ppo_prompts,
     })
     return plan
 

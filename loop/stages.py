@@ -41,7 +41,8 @@ def sft_on_store(config: LoopConfig, data_file: str | None, out_dir: Path) -> SF
             if not examples:
                 raise StageInputError(
                     f"{db} holds no demonstrations yet. Annotators write them in the app's 'write a better answer' "
-                    "box; or pass a JSONL file: --sft FILE with one {\"prompt\": ..., \"response\": ...} object a line.")
+                    "box; or pass a JSONL file: --sft FILE with one {\"prompt\": ..., \"response\": ...} object a "
+                    "line.")
         current = store.ensure_base_policy(model) if main_process else store.latest_policy()
         if main_process and current.round > 0:
             print(f"app.py --sft: note: rounds have already run (the current policy is round {current.round}). The "
@@ -89,3 +90,20 @@ def ppo_prompts(prompts_file: str | None, db: str) -> list[str]:
         raise StageInputError(f"{db} holds no prompts: import some with --import-prompts FILE, "
                               "or pass them with --prompts FILE")
     return prompts
+
+
+def train_ppo_with_card(config: LoopConfig, reward_model: str, prompts: list[str], ppo, out_dir: Path,
+                        reference: str | None = None):
+    """`--train-ppo`: PPO of config.app.model on `prompts` against `reward_model` with the settings `ppo`, the actor
+    saved to `out_dir` with a model card naming its base model (the reference), its reward and the run's means. Returns
+    rlhf.ppo.train.PPOResult; raises ModelNotFoundError."""
+    from loop.model_card import write_model_card
+    from rlhf.ppo import train
+
+    result = train.train_ppo(config.app.model, reward_model, prompts, ppo, out_dir, reference_path=reference)
+    if is_main_process():
+        Path(result.saved_path).mkdir(parents=True, exist_ok=True)
+        write_model_card(result.saved_path, str(reference or config.app.model),
+                         metrics=train.summarise_ppo(result.history), sampling=ppo.sampling,
+                         reward_model=train.reward_label(reward_model))
+    return result

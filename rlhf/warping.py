@@ -112,7 +112,8 @@ def penalise_seen(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
     return torch.where(seen, repetition_penalised(logits, penalty), logits)
 
 
-def warp_logits(logits: Tensor, tokens: Tensor, sampling: Sampling, eos_ids: tuple[int, ...] | list[int] = ()) -> Tensor:
+def warp_logits(logits: Tensor, tokens: Tensor, sampling: Sampling,
+                eos_ids: tuple[int, ...] | list[int] = ()) -> Tensor:
     """The logits generate() sampled `tokens` from under `sampling`: (B, T, V) response-position logits, (B, T) tokens
     -> (B, T, V) fp32.
 

@@ -2,6 +2,7 @@
 runs nothing, an annotator sees no Admin tab and cannot start a round, an admin's round streams its log into the
 page."""
 
+import contextlib
 import json
 import socket
 import sqlite3
@@ -40,6 +41,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served(store: Store, config: AppConfig):
+    """The app over `store` on a free port, its round runner a no-op; yields its URL, and closes app and store."""
+    demo = build_app(store, GenerationJob(NoGenerator()), RoundRunner(store, [sys.executable, "-c", "pass"]), config)
+    demo.queue()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+        store.close()
 
 
 @pytest.fixture

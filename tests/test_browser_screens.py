@@ -3,17 +3,13 @@ buttons stay in reach beside 3,000-word answers, a 100 KB prompt is folded and t
 and after a mouse vote the next prompt shows from its top. Screenshots go to each test's tmp_path."""
 
 import sqlite3
-import sys
 
 import pytest
 
 from annotate.records import NewGeneration, NewPair
-from loop.children.pair_job import GenerationJob
-from loop.children.round_runner import RoundRunner
 from annotate.store import Store
-from annotate.ui import build_app
 from annotate.ui_session import AppConfig
-from test_browser import NoGenerator, browser, free_port  # noqa: F401 (browser: fixture)
+from test_browser import browser, served  # noqa: F401 (browser: fixture)
 
 pytestmark = pytest.mark.browser
 
@@ -34,16 +30,8 @@ def screens_app(tmp_path):
                (MARKDOWN_ANSWER, "No table."), ("five a", "five b")]
     store.add_pairs_bulk([NewPair(i, NewGeneration(policy, a, 9, "eos"), NewGeneration(policy, b, 9, "eos"))
                           for i, (a, b) in enumerate(answers, start=1)])
-    demo = build_app(store, GenerationJob(NoGenerator()), RoundRunner(store, [sys.executable, "-c", "pass"]),
-                     AppConfig(admins=("boss",), refresh_s=0.5))
-    demo.queue()
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield f"http://127.0.0.1:{port}/", tmp_path / "screens.db"
-    finally:
-        demo.close()
-        store.close()
+    with served(store, AppConfig(admins=("boss",), refresh_s=0.5)) as url:
+        yield url, tmp_path / "screens.db"
 
 
 PROMPT_JS = "document.querySelector('#prompt :is(details.long-prompt, div.untrusted)')"

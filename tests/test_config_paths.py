@@ -86,9 +86,15 @@ def ws(tmp_path, monkeypatch):
 # command's arguments.
 
 def route_train_round(monkeypatch, ws, got):
+    from annotate.metrics import ROUND_ACTOR_POLICY_ID, ROUND_POLICY_ID
+
     def run_round(db_path, base_model, config, log=print, **kwargs):
         got.update(db=str(db_path), base_model=base_model, config=config, round_kwargs=kwargs)
-        return SimpleNamespace(round_id=1, policy_id=1, metrics={})
+        with Store(db_path) as store:  # a finished round, its policy the base: what the demo reports on
+            policy = store.ensure_base_policy(base_model)
+            round_id = store.start_round()
+            store.finish_round(round_id, {ROUND_POLICY_ID.name: policy.id, ROUND_ACTOR_POLICY_ID: policy.id})
+        return SimpleNamespace(round_id=round_id, policy_id=policy.id, metrics={})
 
     monkeypatch.setattr(loop.round, "run_round", run_round)
     return ["--train-round"]

@@ -94,7 +94,8 @@ def test_greedy_decoding_writes_what_transformers_generate_writes(tiny_model_dir
 
 def test_a_prompts_kv_serves_all_its_answers(tiny_model_dir, tokenizer):
     model = load_causal_lm(tiny_model_dir).eval()
-    greedy, ends = Sampling(max_new_tokens=8, temperature=0), EndTokens((tokenizer.eos_token_id,), tokenizer.pad_token_id)
+    greedy = Sampling(max_new_tokens=8, temperature=0)
+    ends = EndTokens((tokenizer.eos_token_id,), tokenizer.pad_token_id)
     encoded = [encode_prompt(tokenizer, p) for p in PROMPTS]
     shared = decode(model, *pad_sequences(encoded, tokenizer.pad_token_id), greedy, ends, n_per_prompt=3).response
     repeated = [tokens for tokens in encoded for _ in range(3)]

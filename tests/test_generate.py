@@ -183,7 +183,8 @@ def test_the_default_model_finishes_its_answers_to_shipped_prompts_at_the_defaul
     model = load_causal_lm("default")
     result = generate_answers(model, tokenizer, SHIPPED_PROMPTS, n_per_prompt=2, sampling=Sampling(), seed=0)
     answers = [a for row in result.answers for a in row]
-    # 32 of 32 answers to the first 16 shipped prompts ended at these settings (docs/benchmarks.md, "Whole answers"); allow one cut.
+    # 32 of 32 answers to the first 16 shipped prompts ended at these settings (docs/benchmarks.md, "Whole answers");
+    # allow one cut.
     assert sum(a.finish_reason == "stop" for a in answers) >= 3
     assert all(a.text for a in answers)
     assert all(a.n_tokens <= Sampling().max_new_tokens for a in answers)

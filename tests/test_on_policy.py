@@ -214,7 +214,8 @@ def test_log_probs_recorded_while_sampling_equal_the_trainers(narrow_model_dir, 
     tokenizer = module_tokenizer
     model = shipping(load_causal_lm(narrow_model_dir).eval(), shipped)
     critic = RewardModel.from_causal_lm(narrow_model_dir)
-    config = PPOConfig(seed=3, mixed_precision="no", sampling=rollout_sampling(max_new_tokens=12, temperature=0.7, **ppo))
+    config = PPOConfig(seed=3, mixed_precision="no",
+                       sampling=rollout_sampling(max_new_tokens=12, temperature=0.7, **ppo))
     trainer = PPOTrainer(model, critic, tokenizer, config, reward_model=critic,
                          reference=shipping(load_causal_lm(narrow_model_dir), shipped))
     batch = trainer.encode_prompts(PROMPTS)
@@ -242,7 +243,8 @@ def test_log_probs_recorded_while_sampling_equal_the_trainers(narrow_model_dir, 
     # and so is what generate() sampled from before, with the fields it left unset filled from the model's file
     if set(shipped) & {"repetition_penalty", "no_repeat_ngram_size", "min_p"}:
         before = GenerationConfig(do_sample=True, temperature=0.7, top_k=0, top_p=1.0, max_new_tokens=12,
-                                  min_new_tokens=config.sampling.min_new_tokens, eos_token_id=list(trainer.ends.eos_ids),
+                                  min_new_tokens=config.sampling.min_new_tokens,
+                                  eos_token_id=list(trainer.ends.eos_ids),
                                   pad_token_id=tokenizer.pad_token_id, output_scores=True, return_dict_in_generate=True)
         with torch.no_grad():
             torch.manual_seed(0)

@@ -14,8 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from annotate.store import Store
 from loop.config_files import load_config
 from rlhf.ppo.config import PPOConfig, rollout_sampling
-from rlhf.ppo.model_card import model_card
-from rlhf.ppo.train import train_ppo
+from loop.model_card import model_card
 from rlhf.reward.model import RewardModel
 from loop.round_plan import RoundPlan
 from loop.round import RoundRun, _ppo_stage
@@ -96,12 +95,18 @@ def assert_publishable(folder: Path) -> str:
 
 
 def test_train_ppo_saves_a_folder_a_user_can_publish(shipping_model_dir, reward_model_dir, tmp_path):
-    config = PPOConfig(batch_size=2, mini_batch_size=2, steps=1, sampling=rollout_sampling(max_new_tokens=4))
-    result = train_ppo(shipping_model_dir, reward_model_dir, PROMPTS, config, tmp_path / "actor")
+    from loop.config import LoopConfig
+    from loop.stages import train_ppo_with_card
+
+    config = LoopConfig()
+    config.app.model = str(shipping_model_dir)
+    ppo = PPOConfig(batch_size=2, mini_batch_size=2, steps=1, sampling=rollout_sampling(max_new_tokens=4))
+    result = train_ppo_with_card(config, str(reward_model_dir), PROMPTS, ppo, tmp_path / "actor")
     card = assert_publishable(result.saved_path)
     assert f"- **Base model:** `{shipping_model_dir}`" in card
     assert f"- **Reward model:** `{reward_model_dir}`" in card
     assert "| `ppo/score` |" in card and "| `ppo/kl` |" in card
+    assert "- **PPO, over its steps:** mean reward (score - KL) " in card and "KL to the reference" in card
     assert "Round" not in card  # --train-ppo knows no round and no votes
 
 
@@ -128,4 +133,5 @@ def test_a_rounds_policy_folder_carries_the_rounds_card(tiny_model_dir, reward_m
     assert "# Policy of round 1" in card and f"`{tiny_model_dir}`" in card
     assert "- **Learned from:** 1 preference pair, from 3 votes" in card
     assert "| `rm/heldout_accuracy` | 0.8125 |" in card and "| `ppo/score` |" in card
+    assert "- **Reward model, held-out accuracy (random sample pairs):** 81.2%" in card
     store.close()

@@ -462,3 +462,21 @@ def test_demo_loop_fills_its_queue_past_one_pair_a_prompt(tmp_path, tiny_model_d
     assert store.count_prompts() == 5
     pairs_a_prompt = Counter(store.pair(vote.pair_id).prompt_id for vote in votes)
     assert sorted(pairs_a_prompt.values()) == [3, 3, 3, 3]  # the fifth, the evaluation prompt, has none
+
+
+def test_a_report_that_fails_is_said_and_the_round_still_finishes(tmp_path, tiny_model_dir, monkeypatch):
+    import loop.report
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(loop.report, "make_round_report", broken)
+    db = tmp_path / "loop.db"
+    seed_votes(db, tiny_model_dir)
+    said = []
+    result = run_round(db, str(tiny_model_dir), load_config(None, tiny_settings(tmp_path)), log=said.append)
+    with Store(db) as store:
+        assert store.round(result.round_id).status == "done" and store.round_report(result.round_id) is None
+        assert store.round(result.round_id).metrics["round/pairs_generated"] > 0
+    message = f"its report was not made (OSError: disk full); make it with python app.py --report {result.round_id}."
+    assert any(line.endswith(message) for line in said)

@@ -396,3 +396,34 @@ def test_prompts_needing_pairs_prefers_prompts_with_fewest_pairs(paired):
     kept = frozenset({paired.prompt(3).text})
     assert [p.id for p in paired.prompts_needing_pairs(2, exclude=kept)] == [2, 1]
     assert [p.id for p in paired.prompts_needing_pairs(3, exclude=kept)] == [2, 1]  # all there are
+
+
+def test_a_rounds_report_is_kept_as_json_and_a_new_one_replaces_it(store):
+    first, second = store.start_round(pid=1), store.start_round(pid=2)
+    assert store.round_report(first) is None
+    store.save_round_report(first, {"round_id": first, "answers": [{"prompt": "Hi <b>", "before": "a", "after": "b"}]})
+    store.save_round_report(second, {"round_id": second, "answers": []})
+    store.save_round_report(first, {"round_id": first, "answers": [], "figures": [{"value": 0.5}]})
+    assert store.round_report(first) == {"round_id": first, "answers": [], "figures": [{"value": 0.5}]}
+    assert store.round_report(second) == {"round_id": second, "answers": []}
+    rows = store._rows("SELECT round_id, report FROM round_reports ORDER BY round_id")
+    assert rows == [{"round_id": 1, "report": '{"round_id": 1, "answers": [], "figures": [{"value": 0.5}]}'},
+                    {"round_id": 2, "report": '{"round_id": 2, "answers": []}'}]
+    with pytest.raises(KeyError):
+        store.save_round_report(9, {})
+    assert store.round_report(9) is None
+
+
+def test_an_older_database_gains_the_round_reports_table_and_keeps_its_rounds(tmp_path):
+    from contextlib import closing
+
+    from tests.test_store_concurrency import V1_SCHEMA
+
+    path = tmp_path / "old.db"
+    with closing(sqlite3.connect(path)) as conn:  # schema version 1, a round in it
+        conn.executescript(V1_SCHEMA)
+    with Store(path) as store:
+        assert store.round(1).metrics == {"rm/accuracy": 0.7} and store.round_report(1) is None
+        store.save_round_report(1, {"round_id": 1})
+    with Store(path) as reopened:
+        assert reopened.round_report(1) == {"round_id": 1}

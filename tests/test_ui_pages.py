@@ -15,7 +15,6 @@ from loop.children.pair_job import GenerationJob
 from loop.children.round_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui import build_app
-from annotate.ui_dashboard import NO_ROUNDS_ACROSS, NO_ROUNDS_WITHIN, DashboardHandlers
 from annotate.ui_session import AppConfig, Session, render_untrusted
 from annotate.ui_style import render_prompt
 from test_ui import FakeGenerator, app_parts, idle_runner, seed_pairs, signed_in  # noqa: F401 (app_parts: fixture)
@@ -68,7 +67,8 @@ def test_the_admin_tab_is_shown_to_admins_only_and_its_handlers_still_refuse_ann
     bob, _ = signed_in(app_parts, "bob")
     assert [app_parts.admin.tab_visible(s) for s in (alice, bob, Session())] == [True, False, False]
     assert app_parts.admin.start_round(bob).startswith("Only admins can do this: bob is an annotator.")
-    demo = build_app(app_parts.store, GenerationJob(FakeGenerator(app_parts.store)), idle_runner(app_parts.store), AppConfig())
+    demo = build_app(app_parts.store, GenerationJob(FakeGenerator(app_parts.store)), idle_runner(app_parts.store),
+                     AppConfig())
     [admin_tab] = [block for block in demo.blocks.values() if isinstance(block, gr.Tab) and block.id == "admin"]
     assert admin_tab.visible is False  # until sign-in says the person is an admin
 
@@ -113,19 +113,6 @@ def test_import_errors_name_the_file_as_uploaded_and_say_what_is_accepted(app_pa
     assert message.startswith("Nothing imported: prompts.txt, line 1: not UTF-8 text (unexpected end of data at "
                               "byte 3); save it as UTF-8 text, or use one of: JSON Lines (.jsonl)")
     assert str(tmp_path) not in message and app_parts.store.count_prompts() == 3
-
-
-def test_empty_charts_say_there_are_no_rounds_yet(app_parts):
-    dashboard = DashboardHandlers(app_parts.store, app_parts.config)
-    outputs = dashboard.refresh()
-    assert (outputs[5]["caption"], outputs[6], outputs[7]["caption"]) == (
-        NO_ROUNDS_ACROSS, "**Within the last round**", NO_ROUNDS_WITHIN)
-    assert outputs[5]["value"].empty
-    round_id = app_parts.store.start_round(pid=1)
-    app_parts.store.finish_round(round_id, {"rm/accuracy": 0.8})
-    outputs = dashboard.refresh()
-    assert (outputs[5]["caption"], outputs[7]["caption"]) == ("", "No round has kept a per-step history yet.")
-    assert outputs[5]["value"].values.tolist() == [[1, "rm held-out accuracy", 0.8]]
 
 
 def test_the_admin_tab_counts_votes_since_the_last_finished_round_after_a_refused_one(tmp_path):

@@ -1,5 +1,5 @@
 """The rounds table: a round's status, live metrics and error, and the stale rounds of processes that died (the
-caller says which processes live: the store never looks at processes).
+caller says which processes live: the store never looks at processes); and each round's report, kept as JSON.
 
 Mixed into `Store` (annotate/store/core.py), whose `_write` / `_rows` transactions these methods use.
 """
@@ -11,6 +11,7 @@ import os
 from typing import Callable
 
 from annotate.records import Round
+from annotate.store import sql as queries
 from annotate.store.sql import now
 
 
@@ -70,3 +71,21 @@ class RoundRecords:
         for stale_round in stale:
             self.fail_round(stale_round.id, f"stale: its process {stale_round.pid} ended without finishing the round")
         return [r.id for r in stale]
+
+    def save_round_report(self, round_id: int, report: dict) -> None:
+        """Keep the round's report (annotate.round_report.RoundReport.to_dict()), replacing an earlier one; KeyError
+        for an unknown round."""
+        text = json.dumps(report)
+        with self._write() as db:
+            if db.conn.execute("SELECT 1 FROM rounds WHERE id = ?", (round_id,)).fetchone() is None:
+                raise KeyError(f"no round with id {round_id}")
+            db.conn.execute(queries.UPSERT_ROUND_REPORT, (round_id, now(), text))
+
+    def round_report_ids(self) -> list[int]:
+        """The rounds that have a report, oldest first."""
+        return [row["round_id"] for row in self._rows(queries.SELECT_ROUND_REPORT_IDS)]
+
+    def round_report(self, round_id: int) -> dict | None:
+        """The report kept for the round, as it was saved; None when it has none (or there is no such round)."""
+        rows = self._rows(queries.SELECT_ROUND_REPORT, (round_id,))
+        return json.loads(rows[0]["report"]) if rows else None

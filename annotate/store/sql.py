@@ -192,6 +192,15 @@ def migration_7_vote_strength(db: sqlite_utils.Database) -> None:
     db.conn.execute("ALTER TABLE votes ADD COLUMN strength INTEGER CHECK (strength IN (1, 2))")
 
 
+def migration_8_round_reports(db: sqlite_utils.Database) -> None:
+    """A round's report (annotate.round_report, as JSON): made once, at the end of the round or by `--report`, then
+    read back by the Dashboard and `--report` without loading a model again. One a round: a new one replaces it."""
+    db.conn.execute("""CREATE TABLE round_reports (
+        round_id INTEGER PRIMARY KEY REFERENCES rounds(id),
+        created_at TEXT NOT NULL,
+        report TEXT NOT NULL)""")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_1_initial_schema,
     migration_2_round_pid,
@@ -200,6 +209,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_5_one_name_per_person,
     migration_6_pair_chosen_by,
     migration_7_vote_strength,
+    migration_8_round_reports,
 ]
 
 INSERT_PROMPT = "INSERT INTO prompts (text, source, created_at) VALUES (?, ?, ?) ON CONFLICT (text) DO NOTHING"
@@ -274,6 +284,12 @@ SELECT_VERSUS_TALLIES = """
     JOIN votes v ON v.pair_id = p.id
     WHERE p.kind = 'versus'
     GROUP BY ga.policy_id, gb.policy_id ORDER BY ga.policy_id, gb.policy_id"""
+
+UPSERT_ROUND_REPORT = """
+    INSERT INTO round_reports (round_id, created_at, report) VALUES (?, ?, ?)
+    ON CONFLICT (round_id) DO UPDATE SET created_at = excluded.created_at, report = excluded.report"""
+SELECT_ROUND_REPORT = "SELECT report FROM round_reports WHERE round_id = ?"
+SELECT_ROUND_REPORT_IDS = "SELECT round_id FROM round_reports ORDER BY round_id"
 
 
 def now() -> str:

@@ -13,7 +13,6 @@ from torch import nn
 
 from rlhf.models import context_length, load_causal_lm, load_tokenizer, prompt_budget, tell_once
 from rlhf.distributed import make_accelerator
-from rlhf.ppo.model_card import write_model_card
 from rlhf.ppo.trainer import PPOConfig, PPOTrainer, RewardFunction
 from rlhf.reward.model import RewardModel
 
@@ -142,14 +141,9 @@ def train_ppo(
     reward_function: RewardFunction | None = None,
 ) -> PPOResult:
     """A PPO run over `prompts` (see `build_ppo_trainer` for the models: the critic starts from the reward model;
-    `reward_function` scores the answers in place of the reward model); saves the new actor to `out_dir` with a model
-    card naming its base model (the reference), its reward and the run's mean metrics (a round writes its own card over
-    it, with the round and the votes). `on_step(metrics)` after every step."""
+    `reward_function` scores the answers in place of the reward model); saves the new actor to `out_dir` (its model card
+    is the caller's: loop.model_card). `on_step(metrics)` after every step."""
     trainer = build_ppo_trainer(actor_path, reward_model_path, config, reference_path, reward_function=reward_function)
     history = trainer.train(prompts, on_step=on_step)
     saved = trainer.save_actor(out_dir)
-    if trainer.accelerator.is_main_process:
-        write_model_card(saved, str(reference_path or actor_path), metrics=summarise_ppo(history),
-                         sampling=trainer.config.sampling,
-                         reward_model=reward_label(reward_model_path, reward_function))
     return PPOResult(history=history, saved_path=saved, config=asdict(trainer.config))  # max_prompt_length as fitted

@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from annotate.metrics import (PPO_KL, PPO_PREFIX, PPO_REWARD, RM_HELDOUT_ACCURACY, RM_HELDOUT_HIGH, RM_HELDOUT_LOW,
+                              RM_HELDOUT_N, RM_PREFIX, RM_TRAIN_ACCURACY, is_number)
 from rlhf.sampling import Sampling
 
 CARD_FILE = "README.md"
-METRIC_PREFIXES = ("rm/", "ppo/")
+METRIC_PREFIXES = (RM_PREFIX, PPO_PREFIX)
 """Metrics the card lists: the reward model's (held-out accuracy...) and PPO's means over the run's steps."""
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -68,8 +70,9 @@ def model_card(
     if sampling:
         lines.append(f"- **Sampled in training with:** {_sampling_line(sampling)}; generation_config.json holds "
                      "these settings and nothing else (none of the base model's own)")
-    numbers = {key: value for key, value in (metrics or {}).items()
-               if key.startswith(METRIC_PREFIXES) and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    lines += headline_lines(metrics or {})
+    numbers = {key: value for key, value in (metrics or {}).items() if key.startswith(METRIC_PREFIXES) and
+               is_number(value)}
     if numbers:
         lines += ["", "## Metrics", "", "| metric | value |", "| --- | --- |"]
         lines += [f"| `{key}` | {_value(value)} |" for key, value in sorted(numbers.items())]
@@ -82,6 +85,26 @@ def model_card(
               "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=256)[0], skip_special_tokens=True))",
               "```", ""]
     return "\n".join(header + lines)
+
+
+def headline_lines(metrics: dict) -> list[str]:
+    """The figures a reader looks for first, in words: held-out accuracy with its interval and n (training accuracy
+    beside it, labelled as such), PPO's mean reward and KL."""
+    lines = []
+    accuracy = RM_HELDOUT_ACCURACY.of(metrics)
+    if accuracy is not None:
+        low, high, n, trained = (metric.of(metrics) for metric in (RM_HELDOUT_LOW, RM_HELDOUT_HIGH, RM_HELDOUT_N,
+                                                                   RM_TRAIN_ACCURACY))
+        details = [f"95% interval {RM_HELDOUT_LOW.text(low)}-{RM_HELDOUT_HIGH.text(high)}"] if low is not None else []
+        details += [f"on {RM_HELDOUT_N.text(n)} pairs it never trained on"] if n is not None else []
+        details += [f"{RM_TRAIN_ACCURACY.label}: {RM_TRAIN_ACCURACY.text(trained)}"] if trained is not None else []
+        lines.append(f"- **Reward model, {RM_HELDOUT_ACCURACY.label}:** {RM_HELDOUT_ACCURACY.text(accuracy)}"
+                     + (f" ({'; '.join(details)})" if details else ""))
+    ppo = [f"{metric.label} {metric.text(value)}" for metric in (PPO_REWARD, PPO_KL)
+           if (value := metric.of(metrics)) is not None]
+    if ppo:
+        lines.append(f"- **PPO, over its steps:** {', '.join(ppo)}")
+    return lines
 
 
 def write_model_card(folder: str | Path, base_model: str, **details) -> Path:

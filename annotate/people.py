@@ -1,0 +1,86 @@
+"""Who votes how: per annotator, their votes, agreement with the others on shared pairs, position bias and speed, each
+with its n. Pure functions over the store's rows; the Dashboard shows the table to admins.
+
+Position bias: of a person's a/b votes, the share that picked the answer shown on the left (the store records the side,
+`votes.a_on_left`), with an exact two-sided binomial test against a fair 50% (a careful person's left picks vary
+around half; one who always clicks the left button does not).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from annotate.agreement import AgreementReport
+from annotate.records import Vote
+from annotate.statistics import binomial_two_sided_p, wilson_interval
+
+
+@dataclass(frozen=True)
+class Person:
+    """One annotator's figures."""
+
+    name: str
+    votes: int
+    """Votes cast, skips included."""
+    ab_votes: int
+    """Of which a/b votes: the ones that say which answer is better."""
+    left_picks: int
+    """Of those, the ones that picked the answer shown on the left."""
+    left_p: float
+    """Two-sided binomial p-value of left_picks against half of ab_votes (1.0 without a/b votes)."""
+    shared_pairs: int
+    """Pairs this person and someone else both labelled (skips aside): the n of `agreement`."""
+    agreement: float | None
+    """Share of those comparisons in which the labels were equal; None without shared pairs."""
+    median_seconds: float | None
+    """Median time on a pair before voting; None when no vote recorded its time."""
+
+    @property
+    def left_share(self) -> float | None:
+        return self.left_picks / self.ab_votes if self.ab_votes else None
+
+
+def picked_left(vote: Vote) -> bool:
+    """Whether an a/b vote picked the answer the screen showed on the left."""
+    return (vote.choice == "a") == bool(vote.a_on_left)
+
+
+def people(votes: list[Vote], agreement: AgreementReport) -> list[Person]:
+    """Every annotator who voted, most votes first."""
+    by_name: dict[str, list[Vote]] = {}
+    for vote in votes:
+        by_name.setdefault(vote.annotator, []).append(vote)
+    shared: dict[str, tuple[int, float]] = {}  # name -> (comparisons, agreeing comparisons)
+    for pair in agreement.by_pair:
+        for name in (pair.annotator_1, pair.annotator_2):
+            items, agreeing = shared.get(name, (0, 0.0))
+            shared[name] = (items + pair.items, agreeing + pair.percent * pair.items)
+    rows = []
+    for name, own in by_name.items():
+        ab = [vote for vote in own if vote.choice in ("a", "b")]
+        left = sum(picked_left(vote) for vote in ab)
+        seconds = [vote.seconds for vote in own if vote.seconds is not None]
+        items, agreeing = shared.get(name, (0, 0.0))
+        rows.append(Person(name, len(own), len(ab), left, binomial_two_sided_p(left, len(ab)), items,
+                           agreeing / items if items else None, statistics.median(seconds) if seconds else None))
+    return sorted(rows, key=lambda person: (-person.votes, person.name))
+
+
+PEOPLE_COLUMNS = ["annotator", "votes", "a/b votes", "left picks (95% interval)", "p (left vs half)",
+                  "agreement with others (n)", "median seconds"]
+
+
+def people_rows(rows: list[Person]) -> list[list]:
+    """The table as people read it: shares with their interval or n beside them."""
+    table = []
+    for person in rows:
+        if person.ab_votes:
+            low, high = wilson_interval(person.left_share, person.ab_votes)
+            left = f"{person.left_share:.0%} ({low:.0%}-{high:.0%})"
+        else:
+            left = ""
+        agreement = "" if person.agreement is None else f"{person.agreement:.0%} (n={person.shared_pairs})"
+        seconds = "" if person.median_seconds is None else f"{person.median_seconds:.1f}"
+        table.append([person.name, person.votes, person.ab_votes, left, f"{person.left_p:.3g}", agreement, seconds])
+    return table
