@@ -4,7 +4,7 @@ Dashboard. Nothing reads or writes a metric by a name spelled anywhere else; a `
 beside the name (its label and how its value is written).
 
 The trainers in rlhf/ produce their own rm/*, ppo/* and gen/* keys: rlhf imports nothing of ours, so it cannot import
-this module. tests/test_metrics.py runs a real round and fails when a name listed here as the trainers' is not among
+this module. tests/test_dashboard.py runs a real round and fails when a name listed here as the trainers' is not among
 what it wrote, and when any module of annotate/, loop/ or commands/ spells a metric name outside this file.
 """
 
