@@ -19,7 +19,6 @@ from annotate.metrics import (DEMO_ANNOTATOR, DEMO_JUDGE_SCORE, DEMO_WIN_RATE, D
                               ROUND_MIN_ACCURACY, ROUND_PAIRS_USED, ROUND_VOTES, Metric)
 from annotate.plots import Panel, Series
 from annotate.records import Policy, Round, WinRate
-from annotate.statistics import wilson_interval
 
 NO_ROUNDS = "No rounds yet: each finished round adds a point here."
 NO_STEPS = "No rounds yet: the last round's per-step curves appear here."
@@ -30,15 +29,9 @@ ROUND_COLUMNS = ["round", "status", "started", "votes", "preference pairs", "hel
 WIN_RATE_COLUMNS = ["policy", "against", "wins", "losses", "ties", "both bad", "win rate (95%)"]
 
 
-def win_rate_interval(win_rate: WinRate) -> tuple[float, float] | None:
-    """Wilson's interval of a versus win rate (ties count half) on its a/b and tie votes; None without them."""
-    n = win_rate.wins + win_rate.losses + win_rate.ties
-    return wilson_interval(win_rate.win_rate, n) if win_rate.win_rate is not None else None
-
-
 def win_rate_text(win_rate: WinRate) -> str:
     """"62% (51%-72%)", or "" without votes."""
-    interval = win_rate_interval(win_rate)
+    interval = win_rate.interval()
     if interval is None:
         return ""
     return f"{win_rate.win_rate:.0%} ({interval[0]:.0%}-{interval[1]:.0%})"
@@ -114,7 +107,7 @@ def human_win_rate_series(win_rates: list[WinRate], policies: list[Policy]) -> S
     round_of = {p.id: p.round for p in policies}
     points, band = [], []
     for w in sorted(win_rates, key=lambda w: round_of.get(w.policy_id, 0)):
-        interval = win_rate_interval(w)
+        interval = w.interval()
         if interval is None or w.policy_id not in round_of:
             continue
         points.append((round_of[w.policy_id], w.win_rate))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from annotate.statistics import wilson_interval
+
 CHOICES = ("a", "b", "tie", "both_bad", "skip")
 """Vote choices, always about the pair's gen_a / gen_b whatever side the screen showed them on."""
 PAIR_KINDS = ("sample", "versus")
@@ -225,9 +227,21 @@ class WinRate:
 
     policy_id: int
     opponent_id: int
-    wins: int
-    losses: int
-    ties: int
-    both_bad: int
-    win_rate: float | None
-    """(wins + ties / 2) / (wins + losses + ties); None without such votes."""
+    wins: int = 0
+    losses: int = 0
+    ties: int = 0
+    both_bad: int = 0
+
+    @property
+    def judged(self) -> int:
+        """Votes that judged one side against the other: wins, losses and ties (both bad judges neither)."""
+        return self.wins + self.losses + self.ties
+
+    @property
+    def win_rate(self) -> float | None:
+        """(wins + ties / 2) / judged; None without such votes."""
+        return (self.wins + 0.5 * self.ties) / self.judged if self.judged else None
+
+    def interval(self) -> tuple[float, float] | None:
+        """The win rate's 95% Wilson interval over the judged votes; None without such votes."""
+        return None if self.win_rate is None else wilson_interval(self.win_rate, self.judged)

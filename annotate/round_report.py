@@ -72,31 +72,11 @@ class ReportFigure:
 
 
 @dataclass(frozen=True)
-class VersusVotes:
+class VersusVotes(WinRate):
     """People's votes on the versus pairs of the new policy (each pair's gen_a) against the round's actor (gen_b), as
     counted at `counted_at`."""
 
-    policy_id: int
-    opponent_id: int
-    wins: int = 0
-    losses: int = 0
-    ties: int = 0
-    both_bad: int = 0
     counted_at: str = ""
-
-    @property
-    def judged(self) -> int:
-        """Votes that judged one side against the other: wins, losses and ties (both bad judges neither)."""
-        return self.wins + self.losses + self.ties
-
-    @property
-    def win_rate(self) -> float | None:
-        """(wins + ties / 2) / judged, as Store.versus_win_rates counts it; None without such votes."""
-        return (self.wins + 0.5 * self.ties) / self.judged if self.judged else None
-
-    def interval(self) -> tuple[float, float] | None:
-        """The win rate's 95% Wilson interval over the judged votes; None without such votes."""
-        return None if self.win_rate is None else wilson_interval(self.win_rate, self.judged)
 
 
 @dataclass(frozen=True)
@@ -203,7 +183,7 @@ def versus_votes(win_rates: list[WinRate], policy_id: int, opponent_id: int, cou
     """The store's counts (Store.versus_win_rates) for `policy_id` against `opponent_id`; zeros without such votes."""
     for rate in win_rates:
         if (rate.policy_id, rate.opponent_id) == (policy_id, opponent_id):
-            return VersusVotes(policy_id, opponent_id, rate.wins, rate.losses, rate.ties, rate.both_bad, counted_at)
+            return VersusVotes(**asdict(rate), counted_at=counted_at)
     return VersusVotes(policy_id, opponent_id, counted_at=counted_at)
 
 

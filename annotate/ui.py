@@ -17,8 +17,8 @@ from annotate.identity import SessionTokens
 from annotate.store import Store
 from annotate.ui_admin import AdminHandlers, build_admin_tab
 from annotate.ui_annotate import AnnotateHandlers, build_annotate_tab
-from annotate.ui_dashboard import DashboardHandlers, build_dashboard_tab
-from annotate.ui_session import SET_COOKIE_JS, AppConfig, Session
+from annotate.ui_dashboard import DashboardHandlers, DashboardTab, build_dashboard_tab
+from annotate.ui_session import PRIVATE_EVENT, SET_COOKIE_JS, AppConfig, Session
 from annotate.ui_style import CSS, keyboard_js
 from annotate.ui_votes import KEYS
 
@@ -52,39 +52,43 @@ def build_app(store: Store, job: PairJob, runner: RoundStarter, config: AppConfi
             with gr.Tab("Admin", id="admin", visible=False) as admin_tab_block:  # shown to admins on sign-in
                 admin_timer, admin_outputs = build_admin_tab(admin, session, config)
 
-        # Dashboard and admin pages refresh on a timer only while they are open, so twenty annotators on the
-        # Annotate tab cost no polling.
-        dashboard_timer = dashboard_tab.timer
-
-        report_picker = dashboard_tab.components["report_round"]
-
-        def open_dashboard(state: Session, report_round, request: gr.Request):
-            return {dashboard_timer: gr.Timer(active=True), admin_timer: gr.Timer(active=False),
-                    **dashboard_tab.render(dashboard.refresh(state, request, report_round))}
-
-        def fill_dashboard(state: Session, request: gr.Request):
-            return dashboard_tab.render(dashboard.refresh(state, request))
-
-        def open_admin(state: Session, request: gr.Request):
-            return gr.Timer(active=False), gr.Timer(active=True), *admin.overview(state, request)
-
-        private = {"api_visibility": "private", "concurrency_limit": None}
-        annotate_tab_block.select(lambda: (gr.Timer(active=False), gr.Timer(active=False)), None,
-                                  [dashboard_timer, admin_timer], **private)
-        dashboard_tab_block.select(open_dashboard, [session, report_picker],
-                                   [dashboard_timer, admin_timer, *dashboard_tab.outputs], **private)
-        admin_tab_block.select(open_admin, [session], [dashboard_timer, admin_timer, *admin_outputs], **private)
+        _switch_timers_with_tabs((annotate_tab_block, dashboard_tab_block, admin_tab_block), session, dashboard,
+                                 dashboard_tab, admin, (admin_timer, admin_outputs))
         demo.load(None, js=KEYBOARD_JS)
         # With an auth file the login already named this person; without one the session cookie may: sign them in.
-        loaded = demo.load(annotate_tab.on_load, [session], annotate_tab.sign_in_outputs, api_visibility="private",
-                           concurrency_limit=None)
+        loaded = demo.load(annotate_tab.on_load, [session], annotate_tab.sign_in_outputs, **PRIVATE_EVENT)
         loaded.then(None, [annotate_tab.cookie], None, js=SET_COOKIE_JS)
 
         def show_admin_tab(state: Session, request: gr.Request):
             return gr.Tab(visible=admin.tab_visible(state, request))
 
         for signed_in in (loaded, *annotate_tab.sign_in_events):
-            signed_in.then(show_admin_tab, [session], [admin_tab_block], **private)
+            signed_in.then(show_admin_tab, [session], [admin_tab_block], **PRIVATE_EVENT)
         # filled on page load, before anyone opens the tab (and by its timer while it is open)
-        loaded.then(fill_dashboard, [session], dashboard_tab.outputs, show_progress="hidden", **private)
+        def fill_dashboard(state: Session, request: gr.Request):
+            return dashboard_tab.render(dashboard.refresh(state, request))
+
+        loaded.then(fill_dashboard, [session], dashboard_tab.outputs, show_progress="hidden", **PRIVATE_EVENT)
     return demo
+
+
+def _switch_timers_with_tabs(tab_blocks: tuple[gr.Tab, gr.Tab, gr.Tab], session: gr.State,
+                             dashboard: DashboardHandlers, dashboard_tab: DashboardTab, admin: AdminHandlers,
+                             admin_page: tuple[gr.Timer, list]) -> None:
+    """The Dashboard and Admin pages refresh on a timer only while they are open (tab_blocks: Annotate, Dashboard,
+    Admin), so twenty annotators on the Annotate tab cost no polling; opening one fills it at once."""
+    annotate_tab_block, dashboard_tab_block, admin_tab_block = tab_blocks
+    dashboard_timer, (admin_timer, admin_outputs) = dashboard_tab.timer, admin_page
+
+    def open_dashboard(state: Session, report_round, request: gr.Request):
+        return {dashboard_timer: gr.Timer(active=True), admin_timer: gr.Timer(active=False),
+                **dashboard_tab.render(dashboard.refresh(state, request, report_round))}
+
+    def open_admin(state: Session, request: gr.Request):
+        return gr.Timer(active=False), gr.Timer(active=True), *admin.overview(state, request)
+
+    annotate_tab_block.select(lambda: (gr.Timer(active=False), gr.Timer(active=False)), None,
+                              [dashboard_timer, admin_timer], **PRIVATE_EVENT)
+    dashboard_tab_block.select(open_dashboard, [session, dashboard_tab.components["report_round"]],
+                               [dashboard_timer, admin_timer, *dashboard_tab.outputs], **PRIVATE_EVENT)
+    admin_tab_block.select(open_admin, [session], [dashboard_timer, admin_timer, *admin_outputs], **PRIVATE_EVENT)

@@ -19,7 +19,7 @@ from annotate.background import PairJob, RoundStarter
 from annotate.importers import ACCEPTED_FILES, PromptImportError
 from annotate.records import ROLES
 from annotate.store import Store
-from annotate.ui_session import AppConfig, Session, clean_name, escape, signed_in_name
+from annotate.ui_session import PRIVATE_EVENT, AppConfig, Session, clean_name, escape, signed_in_name
 
 EXPORT_FORMATS = ("jsonl", "parquet")
 MAX_PAIRS_PER_REQUEST = 10_000
@@ -204,14 +204,13 @@ def build_admin_tab(handlers: AdminHandlers, session: gr.State, config: AppConfi
         if started:  # follow the batch with a progress bar; the page stays usable meanwhile
             yield from handlers.generation_progress()
 
-    private = {"api_visibility": "private", "concurrency_limit": None}
-    import_button.click(handlers.import_prompts, [upload, session], import_message, **private)
-    generate_button.click(generate_event, [n_pairs, versus_share, session], generate_message, **private)
+    import_button.click(handlers.import_prompts, [upload, session], import_message, **PRIVATE_EVENT)
+    generate_button.click(generate_event, [n_pairs, versus_share, session], generate_message, **PRIVATE_EVENT)
     start_round.click(handlers.start_round, [session], round_message, api_name="start_round",
                       concurrency_limit=None)
-    auto_button.click(handlers.set_auto_every, [auto_every, session], round_message, **private)
-    export_button.click(handlers.export, [export_format, session], [export_file, export_message], **private)
-    role_button.click(handlers.set_role, [role_name, role, session], [role_message, annotators], **private)
+    auto_button.click(handlers.set_auto_every, [auto_every, session], round_message, **PRIVATE_EVENT)
+    export_button.click(handlers.export, [export_format, session], [export_file, export_message], **PRIVATE_EVENT)
+    role_button.click(handlers.set_role, [role_name, role, session], [role_message, annotators], **PRIVATE_EVENT)
     overview_outputs = [who, round_status, round_log, job_status, annotators]
-    timer.tick(handlers.overview, [session], overview_outputs, show_progress="hidden", **private)
+    timer.tick(handlers.overview, [session], overview_outputs, show_progress="hidden", **PRIVATE_EVENT)
     return timer, overview_outputs

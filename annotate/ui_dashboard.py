@@ -18,11 +18,12 @@ import pandas as pd
 
 from annotate import dashboard_panels as panels
 from annotate.people import PEOPLE_COLUMNS, people, people_rows
+from annotate.records import WinRate
 from annotate.plots import panels_html
 from annotate.round_report import RoundReport, report_html, with_votes_now
 from annotate.store import Store
 from annotate.store.sql import now
-from annotate.ui_session import AppConfig, Session, signed_in_name
+from annotate.ui_session import PRIVATE_EVENT, AppConfig, Session, signed_in_name
 
 AGREEMENT_COLUMNS = ["annotator 1", "annotator 2", "pairs", "agreement", "kappa"]
 PEOPLE_FOR_ADMINS = "The per-annotator table is shown to admins (sign in as one on the Annotate tab)."
@@ -47,10 +48,11 @@ class DashboardView:
     agreement: pd.DataFrame
     people_note: str
     people: pd.DataFrame
-    report_round: dict
-    """The round picker: the rounds with a report, the one shown chosen."""
-    report: str
-    """HTML: the chosen round's report, in a sandboxed frame (its page and styles kept apart from the app's)."""
+    report_round: dict | None
+    """The round picker: the rounds with a report, the one shown chosen (None: left as it is)."""
+    report: str | None
+    """HTML: the chosen round's report, in a sandboxed frame (its page and styles kept apart from the app's); None:
+    left as it is, so the timer does not reload a report someone is reading."""
 
 
 class DashboardHandlers:
@@ -86,21 +88,22 @@ class DashboardHandlers:
                "50%. Agreement: with the others who voted on the same pairs."
         return note, pd.DataFrame(rows, columns=PEOPLE_COLUMNS)
 
-    def report(self, wanted) -> tuple[dict, str]:
+    def report(self, wanted, win_rates: list[WinRate] | None = None) -> tuple[dict, str]:
         """(the picker's update, the report's frame) for round `wanted`, else the newest round with a report; its
-        versus votes counted as of now (they arrive after the round)."""
+        versus votes counted as of now (they arrive after the round), from `win_rates` when the caller has them."""
         ids = self.store.round_report_ids()
         if not ids:
             return gr.update(choices=[], value=None), f"<p>{html.escape(NO_REPORT)}</p>"
         chosen = int(wanted) if wanted is not None and int(wanted) in ids else ids[-1]
-        report = with_votes_now(RoundReport.from_dict(self.store.round_report(chosen)), self.store.versus_win_rates(),
-                                now())
+        win_rates = self.store.versus_win_rates() if win_rates is None else win_rates
+        report = with_votes_now(RoundReport.from_dict(self.store.round_report(chosen)), win_rates, now())
         frame = (f'<iframe title="Round {chosen} report" sandbox srcdoc="{html.escape(report_html(report))}" '
                  'style="width:100%;height:80vh;border:1px solid #e5e7eb;border-radius:6px"></iframe>')
         return gr.update(choices=ids, value=chosen), frame
 
     def refresh(self, session: Session | None = None, request: gr.Request | None = None,
-                report_round=None) -> DashboardView:
+                report_round=None, with_report: bool = True) -> DashboardView:
+        """Everything the tab shows; without `with_report` the report and its picker are left as they are (None)."""
         stats = self.store.stats()
         rounds, win_rates, policies = self.store.rounds(), self.store.versus_win_rates(), self.store.policies()
         by_annotator = pd.DataFrame(sorted(stats["votes_by_annotator"].items(), key=lambda item: -item[1]),
@@ -109,7 +112,7 @@ class DashboardHandlers:
         agreement_text, agreement = self.agreement(report)
         people_note, people_frame = self.people(report, session, request)
         within_title, within = panels.within_round(rounds)
-        report_round, report = self.report(report_round)
+        report_round, report = self.report(report_round, win_rates) if with_report else (None, None)
         return DashboardView(
             counts=self.counts_markdown(stats), headline=panels.headline(rounds, win_rates, policies),
             across=panels_html(panels.across_rounds(rounds, win_rates, policies)), within_title=within_title,
@@ -133,8 +136,9 @@ class DashboardTab:
         return list(self.components.values())
 
     def render(self, view: DashboardView) -> dict:
-        """The view as Gradio's {component: value}."""
-        return {self.components[f.name]: getattr(view, f.name) for f in fields(DashboardView)}
+        """The view as Gradio's {component: value}; a field that is None leaves its component as it is."""
+        return {self.components[f.name]: getattr(view, f.name) for f in fields(DashboardView)
+                if getattr(view, f.name) is not None}
 
 
 def _table(columns: list[str], label: str, **extra) -> gr.Dataframe:
@@ -174,12 +178,14 @@ def build_dashboard_tab(handlers: DashboardHandlers, session: gr.State, config: 
     def refresh(state: Session, report_round, request: gr.Request):
         return tab.render(handlers.refresh(state, request, report_round))
 
+    def tick(state: Session, request: gr.Request):  # every refresh_s while the tab is open: the figures only
+        return tab.render(handlers.refresh(state, request, with_report=False))
+
     def show_report(report_round):
         choice, frame = handlers.report(report_round)
         return {picker: choice, tab.components["report"]: frame}
 
-    quiet = {"api_visibility": "private", "concurrency_limit": None}
-    refresh_button.click(refresh, [session, picker], tab.outputs, **quiet)
-    tab.timer.tick(refresh, [session, picker], tab.outputs, show_progress="hidden", **quiet)
-    picker.input(show_report, [picker], [picker, tab.components["report"]], **quiet)
+    refresh_button.click(refresh, [session, picker], tab.outputs, **PRIVATE_EVENT)
+    tab.timer.tick(tick, [session], tab.outputs, show_progress="hidden", **PRIVATE_EVENT)
+    picker.input(show_report, [picker], [picker, tab.components["report"]], **PRIVATE_EVENT)
     return tab

@@ -71,6 +71,9 @@ def signed_in_name(session: Session | None, request, config: AppConfig) -> str |
 
 # The session cookie is written by the page (Gradio sets no cookies of its own for an app without auth); Secure on
 # https, where a browser would otherwise send it in the clear after a redirect to http.
+PRIVATE_EVENT = {"api_visibility": "private", "concurrency_limit": None}
+"""How the page's own events run: kept out of the public API, and not queued behind the votes."""
+
 SET_COOKIE_JS = """
 (cookie) => { if (cookie) document.cookie = cookie + (location.protocol === 'https:' ? '; Secure' : ''); }
 """

@@ -10,7 +10,6 @@ round's reward model; when its folder is gone the answers carry no scores and th
 from __future__ import annotations
 
 import random
-from datetime import datetime, timezone
 from pathlib import Path
 
 from annotate.metrics import ROUND_ACTOR_POLICY_ID, ROUND_POLICY_ID, ROUND_PPO_PROMPTS, ROUND_REWARD_MODEL_PATH
@@ -19,7 +18,7 @@ from annotate.round_report import (
     ReportAnswer, RoundReport, headline_figures, report_html, round_seconds, round_settings, versus_votes,
     with_votes_now,
 )
-from annotate.store import Store
+from annotate.store import Store, now
 from loop.config import LoopConfig
 from loop.round_plan import Log, round_checkpoint_dir
 
@@ -29,11 +28,6 @@ REPORT_FILE = "report.html"
 
 class ReportRefused(ValueError):
     """No report can be made for this round (unknown, or it saved no new policy); the message says which."""
-
-
-def report_time() -> str:
-    """Now, in UTC, in the store's timestamp format."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def round_policies(store: Store, round_id: int) -> tuple[Round, int, int]:
@@ -136,7 +130,7 @@ def make_round_report(store: Store, round_id: int, config: LoopConfig,
     else:
         source = f"{len(answers)} prompts given with both policies' answers (the demo loop's evaluation prompts)."
     scored, unscored = scored_answers(round_.metrics.get(ROUND_REWARD_MODEL_PATH), answers, config.reward.max_length)
-    made_at = report_time()
+    made_at = now()
     report = RoundReport(
         round_id=round_id, before_policy_id=before_id, after_policy_id=after_id, answers=scored,
         versus=versus_votes(store.versus_win_rates(), after_id, before_id, made_at),
@@ -157,7 +151,7 @@ def kept_or_made_report(store: Store, round_id: int, config: LoopConfig, log: Lo
     kept = store.round_report(round_id)
     if kept is None:
         return make_round_report(store, round_id, config, log=log)
-    return with_votes_now(RoundReport.from_dict(kept), store.versus_win_rates(), report_time())
+    return with_votes_now(RoundReport.from_dict(kept), store.versus_win_rates(), now())
 
 
 def report_file(config: LoopConfig, round_id: int) -> Path:

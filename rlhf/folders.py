@@ -42,9 +42,9 @@ def written_atomically(target: str | os.PathLike, keep_existing: bool = False) -
     `target` (`replace_folder`: an old `target` is replaced), and on any error it is removed, the old `target`
     left untouched.
 
-    The staging folder is a hidden sibling (".<name>-XXXX") so the final rename stays on one file system. With
-    `keep_existing`, a `target` that exists when the block ends (another process finished first) is kept and the
-    staging folder dropped.
+    The staging folder is a hidden sibling (".<name>-" and random letters) so the final rename stays on one file
+    system. With `keep_existing`, a `target` that exists when the block ends (another process finished first) is kept
+    and the staging folder dropped.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -156,6 +156,24 @@ class PairSide(NamedTuple):
     """(B, L) attention mask, 1 on real tokens."""
 
 
+def divergence_span(chosen: PairSide, rejected: PairSide) -> Tensor:
+    """(B, L) bool: the positions d_i <= t < e_i that pairwise_loss's divergence form averages over (see there);
+    the single position e_i - 1 for identical sequences. Raises ValueError unless both masks are right-padded."""
+    chosen_real, rejected_real = chosen.mask.bool(), rejected.mask.bool()  # (B, L)
+    for name, real in (("the chosen mask", chosen_real), ("the rejected mask", rejected_real)):
+        # right padding <=> each row is 1...1 0...0 <=> the mask never rises along L
+        if bool((real[:, 1:] & ~real[:, :-1]).any()):
+            raise ValueError(f"{name} is not right-padded; the divergence form needs right padding")
+    seq_len = chosen.ids.shape[-1]
+    positions = torch.arange(seq_len, device=chosen.ids.device).expand_as(chosen.ids)  # (B, L)
+    end = torch.maximum(chosen_real.sum(-1), rejected_real.sum(-1))  # (B,)
+    # a position diverges when the tokens differ among real tokens, or only one side is real there
+    differs = (chosen_real != rejected_real) | (chosen_real & (chosen.ids != rejected.ids))  # (B, L)
+    first_diff = torch.where(differs, positions, seq_len).min(dim=-1).values  # (B,)
+    start = torch.where(first_diff >= seq_len, end - 1, first_diff)  # (B,) identical sequences: the last position
+    return (positions >= start.unsqueeze(-1)) & (positions < end.unsqueeze(-1))
+
+
 def pairwise_loss(
     chosen: PairSide,
     rejected: PairSide,
@@ -194,21 +212,7 @@ def pairwise_loss(
     if form == "last_token":
         loss = -F.logsigmoid(chosen_scores - rejected_scores - margin_t).mean()
     elif form == "divergence":
-        chosen_real, rejected_real = chosen.mask.bool(), rejected.mask.bool()  # (B, L)
-        for name, real in (("the chosen mask", chosen_real), ("the rejected mask", rejected_real)):
-            # right padding <=> each row is 1...1 0...0 <=> the mask never rises along L
-            if bool((real[:, 1:] & ~real[:, :-1]).any()):
-                raise ValueError(f"{name} is not right-padded; the divergence form needs right padding")
-        seq_len = chosen.ids.shape[-1]
-        positions = torch.arange(seq_len, device=chosen.ids.device).expand_as(chosen.ids)  # (B, L)
-        chosen_len, rejected_len = chosen_real.sum(-1), rejected_real.sum(-1)  # (B,)
-        end = torch.maximum(chosen_len, rejected_len)  # (B,)
-        # a position diverges when the tokens differ among real tokens, or only one side is real there
-        differs = (chosen_real != rejected_real) | (chosen_real & (chosen.ids != rejected.ids))  # (B, L)
-        first_diff = torch.where(differs, positions, seq_len).min(dim=-1).values  # (B,)
-        identical = first_diff >= seq_len  # (B,)
-        start = torch.where(identical, end - 1, first_diff)  # (B,)
-        span = (positions >= start.unsqueeze(-1)) & (positions < end.unsqueeze(-1))  # (B, L)
+        span = divergence_span(chosen, rejected)  # (B, L)
         margin_col = margin_t.unsqueeze(-1) if margin_t.dim() == 1 else margin_t
         per_token = -F.logsigmoid(chosen_values - rejected_values - margin_col)  # (B, L)
         loss = masked_mean(per_token, span, dim=-1).mean()

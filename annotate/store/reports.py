@@ -98,9 +98,4 @@ class Reports:
 
     def versus_win_rates(self) -> list[WinRate]:
         """Per (newer policy, earlier policy): human votes on `versus` pairs, ties counting half a win."""
-        results = []
-        for row in self._rows(queries.SELECT_VERSUS_TALLIES):
-            judged = row["wins"] + row["losses"] + row["ties"]
-            rate = (row["wins"] + 0.5 * row["ties"]) / judged if judged else None
-            results.append(WinRate(win_rate=rate, **row))
-        return results
+        return [WinRate(**row) for row in self._rows(queries.SELECT_VERSUS_TALLIES)]
