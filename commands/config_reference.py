@@ -10,6 +10,7 @@ from pathlib import Path
 
 from loop.config import LoopConfig
 from commands.flags import CONFIG_FLAGS, field_docs
+from rlhf.settings_range import field_range
 
 DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 MARKER = "<!-- Generated from the dataclasses by `python -m commands.config_reference`: edit the fields, not below. -->"
@@ -33,7 +34,7 @@ def _table(name: str, table, flags_of: dict[str, list[str]]) -> list[str]:
         if dataclasses.is_dataclass(base):
             docs.update(field_docs(base))
     parts = [f"## [{name}]\n\n`{cls.__name__}` ({cls.__module__}): {' '.join((cls.__doc__ or '').split())}\n",
-             "| key | default | flag | meaning |\n|---|---|---|---|"]
+             "| key | default | flag | range | meaning |\n|---|---|---|---|---|"]
     inner = []
     for item in dataclasses.fields(table):
         value = getattr(table, item.name)
@@ -42,13 +43,15 @@ def _table(name: str, table, flags_of: dict[str, list[str]]) -> list[str]:
             inner += _table(f"{name}.{item.name}", value, flags_of)
             shown = f"[{name}.{item.name}]"
         flag = ", ".join(flags_of.get(f"{name}.{item.name}", []))
+        allowed = field_range(item)
         meaning = docs.get(item.name, "").replace("|", "\\|")
-        parts.append(f"| `{item.name}` | {shown} | {flag} | {meaning} |")
+        parts.append(f"| `{item.name}` | {shown} | {flag} | {allowed.text if allowed else ''} | {meaning} |")
     return parts + [""] + inner
 
 
 def reference_tables() -> str:
-    """One table per section: key, default, the flags that set it, and the field's docstring."""
+    """One table per section: key, default, the flags that set it, the numbers it takes (rlhf.settings_range), and the
+    field's docstring."""
     flags_of: dict[str, list[str]] = {}
     for flags in CONFIG_FLAGS.values():
         for flag, keys, _extra in flags:

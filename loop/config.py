@@ -13,9 +13,11 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from annotate.text_limits import MAX_ANSWER_CHARS, MAX_PROMPT_CHARS
 from rlhf.ppo.config import PPOConfig
 from rlhf.reward.config import RewardTrainConfig, StrategyConfig, VotesConfig
 from rlhf.sampling import DEFAULT_BATCH_SIZE, Sampling
+from rlhf.settings_range import POSITIVE_COUNT, SEED, SHARE, at_least, between, check_ranges, ranged
 from rlhf.sft.config import SFTConfig
 
 
@@ -23,17 +25,17 @@ from rlhf.sft.config import SFTConfig
 class RoundConfig:
     """What a round does around the trainers."""
 
-    min_new_pairs: int = 16
+    min_new_pairs: int = ranged(16, at_least(0, "0: no minimum"))
     """Refuse a round with fewer new preference pairs than this since the last finished round."""
-    min_accuracy: float = 0.55
+    min_accuracy: float = ranged(0.55, between(0, 1, "an accuracy; 0: no minimum"))
     """Refuse PPO when the reward model's held-out accuracy is below this."""
-    ppo_prompts: int = 64
+    ppo_prompts: int = ranged(64, POSITIVE_COUNT)
     """Prompts PPO trains on per round (sampled from the store, seeded)."""
-    next_pairs: int = 32
+    next_pairs: int = ranged(32, at_least(0, "0: none"))
     """Pairs generated for annotation from the new policy at the end of the round."""
-    versus_share: float = 0.25
+    versus_share: float = ranged(0.25, SHARE)
     """Share of the next pairs that put the new policy against an earlier one."""
-    report_prompts: int = 16
+    report_prompts: int = ranged(16, at_least(0, "0: no report"))
     """Prompts the round report answers with the policy before and after the round; 0: no report."""
     adapt_ppo_to_head: bool = True
     """PPO on a head, ensemble or LP-FT reward model (the few-vote strategies) normalises its scores
@@ -42,9 +44,12 @@ class RoundConfig:
     reward model keeps [ppo] as set. `--train-ppo` follows it too."""
     checkpoints_dir: str = "data/checkpoints"
     """Where reward models and policies of each round are saved, in a folder per database: <dir>/<db name>/round-N."""
-    seed: int = 0
+    seed: int = ranged(0, SEED)
     """Seed for prompt choice, pair making and training: round N seeds its reward model, its PPO ([ppo].seed is
     for --train-ppo) and its next pairs with seed + N. The held-out split follows the prompts, not the seed."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass
@@ -52,15 +57,14 @@ class PairsConfig:
     """How the pairs people vote on are generated (`--generate-pairs`, the app, a round's next pairs); how each answer
     is sampled is [sampling]."""
 
-    batch_size: int = DEFAULT_BATCH_SIZE
+    batch_size: int = ranged(DEFAULT_BATCH_SIZE, POSITIVE_COUNT)
     """Sequences generated together in one left-padded batch (a prompt's answers share its KV)."""
-    seed: int | None = None
+    seed: int | None = ranged(None, SEED)
     """Seeds the pairs `--generate-pairs` and the app make (prompts' sides, versus prompts, the sampling); unset: not
     seeded. A round seeds its next pairs with round.seed + its id."""
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, not {self.batch_size}")
+        check_ranges(self)
 
 
 @dataclass
@@ -71,8 +75,16 @@ class AppSettings:
     """The SQLite database of prompts, pairs, votes, policies and rounds."""
     model: str = "default"
     """Base model: 'default' (the embedded SmolLM2-135M-Instruct), a Hugging Face id or a local folder."""
-    overlap: int = 1
+    overlap: int = ranged(1, POSITIVE_COUNT)
     """How many people vote on each pair (more than 1 measures agreement)."""
+    max_prompt_chars: int = ranged(MAX_PROMPT_CHARS, POSITIVE_COUNT)
+    """Longest prompt accepted, in characters, at import and in the app (one pair of a 50 MB prompt took a minute
+    and 7 GB, and every showing sent it whole to the browser)."""
+    max_answer_chars: int = ranged(MAX_ANSWER_CHARS, POSITIVE_COUNT)
+    """Longest better answer (demonstration) an annotator may write, in characters."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
 
 @dataclass
@@ -81,7 +93,7 @@ class ServeSettings:
 
     host: str = "127.0.0.1"
     """Address to listen on; anything but this machine needs an auth file."""
-    port: int = 7860
+    port: int = ranged(7860, between(1, 65535, "a TCP port"))
     """Port to listen on."""
     share: bool = False
     """Create a public Gradio link (needs an auth file)."""
@@ -89,14 +101,13 @@ class ServeSettings:
     """Auth file of name:scrypt-hash lines (written by --add-user); required off localhost."""
     admins: list = field(default_factory=list)
     """Names made admin at start; when empty, the first person to sign in is admin."""
-    first_batch: int = 32
+    first_batch: int = ranged(32, at_least(0, "0: none"))
     """Pairs generated in the background on a first start with no pairs (0: none)."""
-    auto_round_every: int = 0
+    auto_round_every: int = ranged(0, at_least(0, "0: off"))
     """Start a training round after every N new votes (0: off; also set in Admin)."""
 
     def __post_init__(self) -> None:
-        if self.first_batch < 0 or self.auto_round_every < 0:
-            raise ValueError("first_batch and auto_round_every take 0 or a positive number")
+        check_ranges(self)
 
 
 @dataclass
@@ -105,20 +116,20 @@ class SimulateSettings:
 
     annotator: str = "polite"
     """The demo loop's simulated annotator and judge: a built-in rule or module:function."""
-    votes: int = 50
+    votes: int = ranged(50, POSITIVE_COUNT)
     """Votes to cast (per round in the demo loop)."""
-    noise: float = 0.0
+    noise: float = ranged(0.0, SHARE)
     """Share of a/b votes flipped, like disagreeing people."""
     annotator_name: str | None = None
     """Name the votes are cast under (default sim:RULE)."""
-    seed: int = 0
+    seed: int = ranged(0, SEED)
     """Seed of the simulated votes, their flips and the demo's evaluation prompts."""
-    rounds: int = 3
+    rounds: int = ranged(3, POSITIVE_COUNT)
     """Rounds of the demo loop."""
-    eval_prompts: int = 64
+    eval_prompts: int = ranged(64, at_least(1, "the win rate needs answers to judge"))
     """Prompts kept out of PPO on which the demo loop judges each policy: the same ones every round and every run on a
     database (drawn with the seed)."""
-    eval_answers: int = 1
+    eval_answers: int = ranged(1, at_least(1, "the win rate needs answers to judge"))
     """Answers per evaluation prompt, each judged against the first policy's (more narrow the win rate when the
     judge ties often)."""
     reward: str = "model"
@@ -131,16 +142,12 @@ class SimulateSettings:
     not a policy of the loop: the most the round's PPO could buy with a perfect reward model."""
 
     def __post_init__(self) -> None:
-        if self.eval_answers < 1 or self.eval_prompts < 1:
-            raise ValueError(f"eval_prompts and eval_answers must be at least 1 (got {self.eval_prompts} and "
-                             f"{self.eval_answers}): the win rate needs answers to judge")
+        check_ranges(self)
         if self.reward not in ("model", "oracle"):
             raise ValueError(f"reward is model or oracle, not {self.reward!r}")
         if self.reward == "oracle" and self.oracle_ceiling:
             raise ValueError("oracle_ceiling compares the reward model's rounds with the oracle's: it needs "
                              "reward = \"model\" (with reward = \"oracle\" the rounds are the ceiling already)")
-        if not 0.0 <= self.noise <= 1.0:
-            raise ValueError(f"noise is a share of votes between 0 and 1, not {self.noise}")
 
 
 @dataclass

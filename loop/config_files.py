@@ -26,6 +26,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from loop.config import LoopConfig
+from rlhf.settings_range import range_problem
 
 DEFAULT_CONFIG_FILE = "rlhf-loop.toml"
 
@@ -47,7 +48,8 @@ def _coerce(value: Any, current: Any, where: str, optional: bool = False) -> Any
         try:
             value = json.loads(value) if value not in ("None", "none") else None
         except json.JSONDecodeError:
-            if current is not None:
+            value = _float_or_text(value) if isinstance(current, float) else value
+            if current is not None and isinstance(value, str):
                 raise ConfigError(f"{where}: cannot read {value!r} as {type(current).__name__}") from None
     if current is None or value is None:
         return value
@@ -62,6 +64,15 @@ def _coerce(value: Any, current: Any, where: str, optional: bool = False) -> Any
     if not isinstance(value, type(current)):
         raise ConfigError(f"{where}: expected {type(current).__name__}, got {value!r}")
     return value
+
+
+def _float_or_text(text: str) -> float | str:
+    """`text` as a float when Python reads it as one (JSON has no `inf` or `nan`: the range check refuses them by
+    name), else `text` as it is."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _keys(table) -> list[str]:
@@ -98,10 +109,15 @@ def _table_of(config: LoopConfig, section: str, key: str, where: str):
 
 def set_value(config: LoopConfig, section: str, key: str, value: Any, where: str) -> None:
     """Set `section.key` (the key dotted when it is in a table of the section: ppo, sampling.temperature) to `value`,
-    converted to the field's type; unknown names are refused with the known ones."""
+    converted to the field's type and within its range (rlhf.settings_range); unknown names are refused with the known
+    ones."""
     table, name = _table_of(config, section, key, where)
-    optional = next(f for f in dataclasses.fields(table) if f.name == name).default is None
-    setattr(table, name, _coerce(value, getattr(table, name), f"{where}: {section}.{key}", optional))
+    item = next(f for f in dataclasses.fields(table) if f.name == name)
+    value = _coerce(value, getattr(table, name), f"{where}: {section}.{key}", item.default is None)
+    problem = range_problem(item, value)
+    if problem:
+        raise ConfigError(f"{where}: {section}.{key} {problem}")
+    setattr(table, name, value)
 
 
 def _apply_values(config: LoopConfig, section: str, values: dict, where: str, prefix: str = "") -> None:

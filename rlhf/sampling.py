@@ -7,8 +7,9 @@ never read (rlhf.decode samples with these settings alone), so what PPO optimise
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from rlhf.settings_range import POSITIVE_COUNT, above, at_least, between, check_ranges, ranged
 
 DEFAULT_BATCH_SIZE = 32
 """Sequences generated together in one left-padded batch when answers are made for people (docs/benchmarks.md,
@@ -21,35 +22,24 @@ class Sampling:
     penalty on the answer's tokens, then temperature, top-k and top-p. The defaults are the pairs people rank
     (whole answers: docs/benchmarks.md, "Whole answers"); PPO's are set on its own field."""
 
-    max_new_tokens: int = 512
+    max_new_tokens: int = ranged(512, POSITIVE_COUNT)
     """Limit on generated tokens per answer; an answer that reaches it without EOS finishes with "length"."""
-    temperature: float = 0.7
+    temperature: float = ranged(0.7, at_least(0, "0: greedy"))
     """Softmax temperature; 0 means greedy decoding (no sampling)."""
-    top_k: int = 0
+    top_k: int = ranged(0, at_least(0, "0: off"))
     """Keep only the k most likely tokens before sampling (0 disables it)."""
-    top_p: float = 0.95
+    top_p: float = ranged(0.95, between(0, 1, "1: off", low_open=True))
     """Nucleus sampling: keep the smallest set of tokens whose probability adds up to top_p (1.0 keeps all)."""
-    min_new_tokens: int = 0
+    min_new_tokens: int = ranged(0, at_least(0, "0: off"))
     """EOS cannot be sampled before this many tokens (0: off)."""
-    repetition_penalty: float = 1.1
+    repetition_penalty: float = ranged(1.1, above(0, "1: off"))
     """CTRL's penalty on tokens already in the answer (the prompt's are not counted, so its words and the chat
     template's EOS stay free); 1.0 disables it; 1.2 already derails."""
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, not {self.max_new_tokens}")
-        if self.min_new_tokens < 0:
-            raise ValueError(f"min_new_tokens must be 0 (off) or more, not {self.min_new_tokens}")
+        check_ranges(self)
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError("min_new_tokens cannot exceed max_new_tokens")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be 0 (greedy) or above, not {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be 0 (off) or a number of tokens, not {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be above 0 and at most 1 (1 = off), not {self.top_p}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise ValueError(f"repetition_penalty must be above 0 (1 = off), not {self.repetition_penalty}")
 
     @property
     def greedy(self) -> bool:

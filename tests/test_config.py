@@ -65,8 +65,9 @@ def test_rlhf_loop_toml_then_the_config_file_then_overrides_then_flags(tmp_path,
 
 
 def test_a_sections_own_check_is_a_config_error_naming_the_section():
-    with pytest.raises(ConfigError, match=r"\[simulate\]: eval_prompts and eval_answers must be at least 1"):
-        load_config(None, ["simulate.eval_answers=0"], default_file=None)
+    # a check across keys (a key's own range is refused as it is set: tests/test_config_ranges.py)
+    with pytest.raises(ConfigError, match=r"\[simulate\]: oracle_ceiling compares the reward model's rounds"):
+        load_config(None, ["simulate.reward=oracle", "simulate.oracle_ceiling=true"], default_file=None)
 
 
 def test_the_shown_configuration_loads_back_as_the_same_configuration(tmp_path):

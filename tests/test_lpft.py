@@ -118,7 +118,9 @@ def test_more_layers_than_the_feature_reads_is_refused_with_the_range(tiny_model
                             FinetuneSettings(lr=1e-3, epochs=1, n_layers=3))
 
 
-@pytest.mark.parametrize("setting", [{"finetune_layers": 0}, {"finetune_epochs": 0}, {"finetune_lr": 0.0}])
-def test_lpft_settings_out_of_range_are_refused_by_name(setting):
-    with pytest.raises(ValueError, match="votes.finetune_epochs and votes.finetune_layers must be at least 1"):
+@pytest.mark.parametrize("setting, message", [({"finetune_layers": 0}, "finetune_layers must be at least 1, not 0"),
+                                              ({"finetune_epochs": 0}, "finetune_epochs must be at least 1, not 0"),
+                                              ({"finetune_lr": 0.0}, "finetune_lr must be above 0")])
+def test_lpft_settings_out_of_range_are_refused_by_name(setting, message):
+    with pytest.raises(ValueError, match=message):
         VotesConfig(**setting)

@@ -446,12 +446,12 @@ def test_command_trains_from_a_prompt_file(tiny_model_dir, reward_model_dir, tmp
     (["--reward-model", "{tiny}"], "is not a reward model folder"),
     (["--reward-model", "{rm}"], "no database at"),
     (["--reward-model", "{rm}", "--prompts", "{missing}"], "no such file"),
-    # the flags set [ppo]: PPOConfig's own checks refuse them, naming the section (--steps 0 is ppo.steps = 0, the
-    # default: `epochs` passes over the prompts)
-    (["--reward-model", "{rm}", "--steps", "-1"], "[ppo]: steps must be 0 (epochs passes over the prompts) or more"),
-    (["--reward-model", "{rm}", "--ppo-max-new-tokens", "0"], "max_new_tokens must be at least 1, not 0"),
-    (["--reward-model", "{rm}", "--ppo-batch-size", "0"], "[ppo]: batch_size, mini_batch_size and ppo_epochs must be at "
-                                                          "least 1"),
+    # the flags set [ppo]: each value outside its key's range is refused by the flag and the key (--steps 0 is
+    # ppo.steps = 0, the default: `epochs` passes over the prompts)
+    (["--reward-model", "{rm}", "--steps", "-1"], "--steps: ppo.steps must be 0 or more (0: `epochs` passes over the "
+                                                  "prompts), not -1"),
+    (["--reward-model", "{rm}", "--ppo-max-new-tokens", "0"], "ppo.sampling.max_new_tokens must be at least 1, not 0"),
+    (["--reward-model", "{rm}", "--ppo-batch-size", "0"], "--ppo-batch-size: ppo.batch_size must be at least 1, not 0"),
 ])
 def test_command_errors_say_what_to_do(extra, message, tiny_model_dir, reward_model_dir, tmp_path, capsys):
     names = {"tiny": tiny_model_dir, "rm": reward_model_dir, "missing": tmp_path / "missing.jsonl"}

@@ -431,8 +431,8 @@ def test_demo_loop_refuses_zero_evaluation_answers_before_touching_the_database(
     db = tmp_path / "demo.db"
     code = app.main(["--demo-loop", "--eval-answers", "0", "--db", str(db)])
     assert code == 2
-    assert "app.py: [simulate]: eval_prompts and eval_answers must be at least 1 (got 64 and 0)" in \
-        capsys.readouterr().err
+    assert "app.py: --eval-answers: simulate.eval_answers must be at least 1 (the win rate needs answers to judge), " \
+        "not 0" in capsys.readouterr().err
     assert not db.exists()
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rlhf.sampling import Sampling
+from rlhf.settings_range import (LEARNING_RATE, POSITIVE_COUNT, SEED, above, at_least, between, check_ranges,
+                                  ranged)
 
 RewardFunction = Callable[[list[str]], list[float]]
 """Texts of a batch's answers -> one score each, higher preferred: a reward given as a function of the answer's text
@@ -27,49 +29,49 @@ def rollout_sampling(**settings) -> Sampling:
 class PPOConfig:
     """Every PPO knob; defaults are DeepSpeed-Chat's unless noted."""
 
-    kl_ctl: float = 0.1
+    kl_ctl: float = ranged(0.1, at_least(0))
     """KL coefficient (initial value when adaptive): per-token reward -kl_ctl * (log pi - log pi_ref)."""
-    clip_reward_value: float = 5.0
+    clip_reward_value: float = ranged(5.0, above(0))
     """Reward-model scores are clipped to +-this before being added at the last response token."""
-    cliprange: float = 0.2
+    cliprange: float = ranged(0.2, above(0))
     """PPO ratio clip epsilon of the actor loss."""
-    cliprange_value: float = 0.2
+    cliprange_value: float = ranged(0.2, above(0))
     """How far new values may move from the old ones in the clipped critic loss."""
-    gamma: float = 1.0
+    gamma: float = ranged(1.0, between(0, 1))
     """Discount of future rewards in GAE."""
-    lam: float = 0.95
+    lam: float = ranged(0.95, between(0, 1))
     """GAE lambda: bias/variance trade-off of the advantage estimate."""
-    ppo_epochs: int = 1
+    ppo_epochs: int = ranged(1, POSITIVE_COUNT)
     """Passes of actor and critic updates over each batch of experience."""
-    batch_size: int = 8
+    batch_size: int = ranged(8, POSITIVE_COUNT)
     """Prompts per experience batch (per process)."""
-    mini_batch_size: int = 8
+    mini_batch_size: int = ranged(8, POSITIVE_COUNT)
     """Sequences per optimiser step within a batch of experience."""
     sampling: Sampling = field(default_factory=lambda: rollout_sampling())
     """How rollouts are sampled ([ppo.sampling]): 48 tokens at most, temperature 0.7, no top-k, top-p or repetition
     penalty by default. Log-probs, ratios and the KL are taken under the same settings, the distribution sampled from
     (as TRL divides by the temperature; DeepSpeed-Chat takes the raw logits), and a saved policy's
     generation_config.json states them; temperature must be above 0 (PPO samples)."""
-    max_prompt_length: int = 256
+    max_prompt_length: int = ranged(256, POSITIVE_COUNT)
     """Prompts are cut to their last this many tokens (the end holds the chat template's generation prompt)."""
-    actor_lr: float = 3e-5
+    actor_lr: float = ranged(3e-5, LEARNING_RATE)
     """Actor learning rate (full fine-tuning). DeepSpeed-Chat's 9.65e-6 is for thousands of steps; a round runs tens
     (docs/few-votes.md, "PPO's budget: the learning rate")."""
-    critic_lr: float = 5e-6
+    critic_lr: float = ranged(5e-6, LEARNING_RATE)
     """Critic learning rate (full fine-tuning)."""
-    lora_lr: float = 5e-4
+    lora_lr: float = ranged(5e-4, LEARNING_RATE)
     """Learning rate of the adapters (and the critic's value head) in LoRA mode."""
-    weight_decay: float = 0.0
+    weight_decay: float = ranged(0.0, at_least(0))
     """AdamW weight decay of actor and critic."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = ranged(1.0, at_least(0, "0: off"))
     """Gradient norm clip per model and optimiser step; 0 = off."""
     adaptive_kl: bool = False
     """Adapt kl_ctl toward kl_target (Ziegler et al. 2019) instead of keeping it fixed."""
-    kl_target: float = 6.0
+    kl_target: float = ranged(6.0, above(0))
     """Target KL per sequence (summed over its tokens) of the adaptive controller."""
-    kl_horizon: float = 10000.0
+    kl_horizon: float = ranged(10000.0, above(0))
     """Horizon (in sequences) of the adaptive controller: larger moves kl_ctl more slowly."""
-    stop_at_kl: float = 0.0
+    stop_at_kl: float = ranged(0.0, at_least(0, "0: off"))
     """End the run early, after the step whose mean KL per answer to the reference (ppo/kl, summed over the answer's
     tokens) is above this; 0 = off. A budget of drift: a reward model fitted on few votes is over-optimised long before
     the steps run out, and its held-out votes are too few to tell when."""
@@ -77,19 +79,19 @@ class PPOConfig:
     """Whiten advantages over the batch's response tokens (TRL does; DeepSpeed-Chat does not)."""
     normalize_rewards: bool = False
     """Normalise scores by the running mean and std of all scores seen, before clipping."""
-    truncation_penalty: float = 0.0
+    truncation_penalty: float = ranged(0.0, at_least(0, "0: off"))
     """Subtracted from the score of answers that hit max_new_tokens without EOS; 0 = off."""
     use_lora: bool = False
     """Train LoRA adapters on actor and critic; the reference is the actor with adapters disabled."""
-    lora_r: int = 16
+    lora_r: int = ranged(16, POSITIVE_COUNT)
     """LoRA rank."""
-    lora_alpha: int = 32
+    lora_alpha: int = ranged(32, POSITIVE_COUNT)
     """LoRA scaling numerator (scale = alpha / r)."""
-    steps: int = 0
+    steps: int = ranged(0, at_least(0, "0: `epochs` passes over the prompts"))
     """PPO steps to run; 0 = `epochs` passes over the prompts."""
-    epochs: int = 1
+    epochs: int = ranged(1, POSITIVE_COUNT)
     """Passes over the prompts when steps is 0."""
-    seed: int = 42
+    seed: int = ranged(42, SEED)
     """Seed of sampling, prompt order and LoRA initialisation, for --train-ppo; a round seeds its PPO with round.seed
     plus the round's id (loop.config.ppo_settings)."""
     reuse_forward: bool = True
@@ -99,16 +101,10 @@ class PPOConfig:
     (`accelerate launch`'s setting wins); "bf16" forces autocast; "no" is fp32 throughout. Weights stay fp32."""
 
     def __post_init__(self):
-        if self.batch_size < 1 or self.mini_batch_size < 1 or self.ppo_epochs < 1:
-            raise ValueError("batch_size, mini_batch_size and ppo_epochs must be at least 1")
-        if self.steps < 0 or self.epochs < 1:  # else PPO runs no step at all
-            raise ValueError(f"steps must be 0 (epochs passes over the prompts) or more and epochs at least 1 (got "
-                             f"{self.steps} and {self.epochs})")
+        check_ranges(self)
         self.sampling.__post_init__()
         if not self.sampling.temperature > 0:
             raise ValueError(f"sampling.temperature must be above 0 (PPO samples), not {self.sampling.temperature}")
-        if self.stop_at_kl < 0:
-            raise ValueError(f"stop_at_kl must be 0 (off) or a KL per answer above 0, not {self.stop_at_kl}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, not {self.mixed_precision!r}")
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rlhf.settings_range import (LEARNING_RATE, POSITIVE_COUNT, SEED, SHARE, above, at_least, between, check_ranges,
+                                  ranged)
+
 STRATEGIES = ("head", "ensemble", "lpft", "full")
 GRADED_USES = ("off", "margin", "weight")
 """votes.graded: how a vote's strength enters the head's loss (rlhf.losses.graded_terms checks the same names)."""
@@ -23,41 +26,41 @@ class RewardTrainConfig:
     """Folder of a previous reward model to continue from (the last round's); None starts from `model`."""
     out_dir: str | None = None
     """Where to save the trained model; None saves nothing (the caller keeps `result.model`)."""
-    learning_rate: float = 2e-5
+    learning_rate: float = ranged(2e-5, at_least(0, "a learning rate; 0 measures the model as loaded"))
     """Peak learning rate of AdamW (reached after warmup)."""
-    weight_decay: float = 0.0
+    weight_decay: float = ranged(0.0, at_least(0))
     """AdamW weight decay."""
-    epochs: int = 1
+    epochs: int = ranged(1, POSITIVE_COUNT)
     """Passes over the training pairs."""
-    max_steps: int | None = None
+    max_steps: int | None = ranged(None, POSITIVE_COUNT)
     """Stop after this many optimizer steps even before `epochs` are done (benchmarks); None: no limit."""
-    batch_size: int = 8
+    batch_size: int = ranged(8, POSITIVE_COUNT)
     """Pairs per forward pass (each pass holds 2 x batch_size sequences: chosen, then rejected)."""
-    grad_accum: int = 1
+    grad_accum: int = ranged(1, POSITIVE_COUNT)
     """Forward passes whose gradients add up before one optimizer step."""
-    max_length: int = 512
+    max_length: int = ranged(512, POSITIVE_COUNT)
     """Tokens per sequence (prompt + answer + EOS); longer ones lose the prompt's start first."""
     loss_form: Literal["divergence", "last_token"] = "divergence"
     """Pairwise loss: DeepSpeed-Chat's mean over the diverging positions, or TRL's last-token scores."""
-    margin: float = 0.0
+    margin: float = ranged(0.0, at_least(0))
     """Margin in -log sigmoid(r_chosen - r_rejected - margin)."""
-    center_coef: float = 0.0
+    center_coef: float = ranged(0.0, at_least(0, "0: off"))
     """Reward centering: adds center_coef * mean((r_chosen + r_rejected)^2) to keep scores near 0."""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """Decay after the warmup: cosine or linear to 0, or constant."""
-    warmup_ratio: float = 0.1
+    warmup_ratio: float = ranged(0.1, SHARE)
     """Share of the optimizer steps spent warming the learning rate up linearly from 0."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = ranged(1.0, at_least(0, "0: off"))
     """Clip the global gradient norm to this; 0 turns clipping off."""
-    heldout_fraction: float = 0.1
+    heldout_fraction: float = ranged(0.1, between(0, 1, "a share of prompts", high_open=True))
     """Share of prompts whose pairs are held out to measure accuracy on pairs never trained on: chosen by a hash of the
     prompt's text (rlhf.reward.data.split_pairs), so no prompt is on both sides and a pair held out once stays held
     out in every later round."""
-    min_pairs: int = 8
+    min_pairs: int = ranged(8, POSITIVE_COUNT)
     """Refuse to train on fewer preference pairs than this."""
-    seed: int = 0
+    seed: int = ranged(0, SEED)
     """Seeds the head's initialisation and the shuffling (not the held-out split, which follows the prompts)."""
-    eval_batch_size: int = 16
+    eval_batch_size: int = ranged(16, POSITIVE_COUNT)
     """Pairs per forward pass when measuring held-out accuracy."""
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     """auto: bf16 autocast where the hardware has bf16 arithmetic (CUDA, CPUs with AVX512-BF16 or AMX), else fp32
@@ -73,15 +76,9 @@ class RewardTrainConfig:
     """Show a tqdm bar on the terminal (main process only)."""
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "grad_accum", "eval_batch_size", "max_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1 (or None), got {self.max_steps}.")
+        check_ranges(self)
         if self.loss_form not in ("divergence", "last_token"):
             raise ValueError(f"loss_form must be 'divergence' or 'last_token', got {self.loss_form!r}.")
-        if not 0.0 <= self.heldout_fraction < 1.0:
-            raise ValueError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}.")
 
 
 @dataclass
@@ -91,50 +88,47 @@ class VotesConfig:
     strategy: str = "auto"
     """"auto" (by vote count: the head on `feature`, LP-FT from `lpft_from_votes` on), or always "head",
     "ensemble", "lpft" (the head, then the feature's last layer fine-tuned under it) or "full"."""
-    full_from_votes: int = 1_000_000
+    full_from_votes: int = ranged(1_000_000, at_least(0, "a vote count"))
     """With "auto": fine-tune all weights from this many votes on. Off: full fine-tuning sat at chance at 89 votes
     and the curve bench could not afford it on CPU (docs/few-votes.md, "A head on frozen features")."""
-    ensemble_from_votes: int = 1_000_000
+    ensemble_from_votes: int = ranged(1_000_000, at_least(0, "a vote count"))
     """With "auto": the mean of bootstrap heads from this many votes on. Off: the single cross-validated head was
     ahead (docs/few-votes.md, "Held-out accuracy against votes"); the bootstrap heads are fitted either way."""
-    lpft_from_votes: int = 200
+    lpft_from_votes: int = ranged(200, at_least(0, "a vote count"))
     """With "auto": LP-FT (rlhf/reward/lpft.py) from this many votes on, the head alone below: at 200 votes it beat
     the head on every annotator measured, for minutes more of CPU (docs/few-votes.md, "LP-FT")."""
-    finetune_lr: float = 1e-4
+    finetune_lr: float = ranged(1e-4, LEARNING_RATE)
     """LP-FT: Adam's step for the fine-tuned decoder layers (larger steps peaked sooner, then overfitted)."""
-    finetune_epochs: int = 5
+    finetune_epochs: int = ranged(5, POSITIVE_COUNT)
     """LP-FT: passes over the votes."""
-    finetune_layers: int = 1
+    finetune_layers: int = ranged(1, POSITIVE_COUNT)
     """LP-FT: decoder layers fine-tuned, the last ones the feature reads."""
     feature: str = DEFAULT_FEATURE
     """Frozen feature of the head strategies, "pooling@layer" (every one exports as the RewardModel PPO uses)."""
-    n_heads: int = 8
+    n_heads: int = ranged(8, at_least(0, "0: the cross-validated head alone"))
     """Bootstrap heads (disagreement for active selection; the "ensemble" score)."""
-    cv_folds: int = 5
+    cv_folds: int = ranged(5, at_least(2))
     """Cross-validation folds choosing the head's L2 strength."""
     graded: str = "margin"
     """How a vote's strength (slightly or much better; old votes and file pairs count as slightly) enters the
     head strategies' Bradley-Terry loss: "off", "margin" (Llama 2's -log sigmoid(r_c - r_r - m)) or "weight"
     (rlhf.losses.graded_terms). A margin of 4 was best on the tuning annotators and beat plain votes on the held-out
     ones by about a point (docs/few-votes.md, "Graded votes"); ungraded votes train as with "off"."""
-    much_margin: float = 4.0
+    much_margin: float = ranged(4.0, at_least(0))
     """With graded = "margin": the margin of a "much better" vote in score units (a "slightly better" one has 0)."""
-    much_weight: float = 2.0
+    much_weight: float = ranged(2.0, above(0))
     """With graded = "weight": the weight of a "much better" vote (a "slightly better" one counts 1)."""
-    oversample: int = 4
+    oversample: int = ranged(4, at_least(2, "2: no active choice"))
     """Answers per prompt when choosing the next sample pairs; 2 turns active selection off (one pair a prompt)."""
-    prompts_per_pair: float = 1.5
+    prompts_per_pair: float = ranged(1.5, at_least(1))
     """Prompts over-sampled per sample pair wanted (each gives at most one pair): room to choose among prompts."""
-    random_share: float = 0.25
+    random_share: float = ranged(0.25, SHARE)
     """Share of the actively chosen batch drawn at random instead (keeps the held-out estimate honest)."""
-    confidence_z: float = 1.96
+    confidence_z: float = ranged(1.96, at_least(0))
     """z of the interval on held-out accuracy; PPO is refused when its lower end is below chance (0.5)."""
 
     def __post_init__(self) -> None:
-        if self.finetune_epochs < 1 or self.finetune_lr <= 0 or self.finetune_layers < 1:
-            raise ValueError(f"votes.finetune_epochs and votes.finetune_layers must be at least 1 and "
-                             f"votes.finetune_lr above 0, not {self.finetune_epochs}, {self.finetune_layers} and "
-                             f"{self.finetune_lr}")
+        check_ranges(self)
         if self.graded not in GRADED_USES:
             raise ValueError(f"votes.graded must be one of {', '.join(GRADED_USES)}, not {self.graded!r}")
 
@@ -149,7 +143,10 @@ class StrategyConfig:
     reward: RewardTrainConfig = field(default_factory=lambda: RewardTrainConfig(show_progress=False))
     """heldout_fraction and max_length of every strategy, and the "full" strategy's training settings (model and
     out_dir are set by train_strategy)."""
-    seed: int = 0
+    seed: int = ranged(0, SEED)
     """Seeds the folds and the bootstrap."""
-    batch_size: int = 16
+    batch_size: int = ranged(16, POSITIVE_COUNT)
     """Answers per forward pass when extracting features."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)

@@ -4,26 +4,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlhf.settings_range import LEARNING_RATE, POSITIVE_COUNT, SEED, SHARE, above, at_least, check_ranges, ranged
+
 
 @dataclass
 class SFTConfig:
     """Settings of one SFT run."""
 
-    learning_rate: float = 5e-5
+    learning_rate: float = ranged(5e-5, LEARNING_RATE)
     """AdamW peak learning rate (about 5e-5 is the usual choice for 1 to 3 epochs)."""
-    epochs: int = 2
+    epochs: int = ranged(2, POSITIVE_COUNT)
     """Passes over the demonstrations; more overfits, which narrows what PPO can explore later."""
-    batch_size: int = 8
+    batch_size: int = ranged(8, POSITIVE_COUNT)
     """Examples per forward pass (per process)."""
-    gradient_accumulation_steps: int = 1
+    gradient_accumulation_steps: int = ranged(1, POSITIVE_COUNT)
     """Forward passes whose gradients add up to one optimizer step."""
-    max_length: int = 512
+    max_length: int = ranged(512, POSITIVE_COUNT)
     """Longest prompt + answer in tokens; longer examples lose the start of the prompt, then the end of the answer."""
-    weight_decay: float = 0.0
+    weight_decay: float = ranged(0.0, at_least(0))
     """AdamW weight decay."""
-    warmup_ratio: float = 0.1
+    warmup_ratio: float = ranged(0.1, SHARE)
     """Share of the optimizer steps over which the learning rate rises linearly from 0, before a linear decay."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = ranged(1.0, above(0, "always clipped"))
     """Gradients are clipped to this global norm."""
-    seed: int = 0
+    seed: int = ranged(0, SEED)
     """Seed of the shuffling and of any dropout."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
