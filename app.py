@@ -118,10 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"app.py: {error}", file=sys.stderr)
         return 2
+    from annotate.store import StoreOpenError
     from rlhf.distributed import join_launched_processes
+    from rlhf.finite import NotFinite
 
     join_launched_processes()  # under torchrun on CPU: one gloo group, not N lone trainers (a no-op elsewhere)
-    return dispatch(args, config)
+    try:
+        return dispatch(args, config)
+    except StoreOpenError as error:  # every command's database: missing, not one, damaged, read-only, disk full
+        print(f"app.py: {error}", file=sys.stderr)
+        return 2
+    except NotFinite as error:  # --train-ppo, --train-reward, --sft (a round says more: commands.round)
+        print(f"app.py: training stopped: {error}", file=sys.stderr)
+        return 5
 
 
 if __name__ == "__main__":

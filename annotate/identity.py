@@ -25,6 +25,8 @@ import unicodedata
 from pathlib import Path
 from typing import Callable
 
+from annotate.text_limits import character_name, control_characters
+
 MAX_NAME_CHARS = 64
 SESSION_DAYS = 14
 COOKIE_PREFIX = "rlhf-loop-session"
@@ -37,11 +39,6 @@ def _normalise(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", text.casefold()).split())
 
 
-def _invisible(char: str) -> bool:
-    """Control (Cc), format (Cf), surrogate, private-use and unassigned characters."""
-    return unicodedata.category(char).startswith("C")
-
-
 def clean_name(raw: str | None) -> tuple[str | None, str]:
     """(the normalised name, "") for an acceptable name, else (None, why not, for the person who typed it).
 
@@ -50,10 +47,9 @@ def clean_name(raw: str | None) -> tuple[str | None, str]:
     name = _normalise(raw or "")
     if not name:
         return None, "Type your name to sign in."
-    hidden = [char for char in name if _invisible(char)]
+    hidden = control_characters(name, allowed="", invisible=True)
     if hidden:
-        shown = ", ".join(f"U+{ord(char):04X} {unicodedata.name(char, 'control character')}"
-                          for char in dict.fromkeys(hidden))
+        shown = ", ".join(map(character_name, hidden))
         return None, f"Names cannot hold invisible or control characters (found {shown})."
     if len(name) > MAX_NAME_CHARS:
         return None, f"Please use a shorter name (at most {MAX_NAME_CHARS} characters)."
@@ -63,7 +59,8 @@ def clean_name(raw: str | None) -> tuple[str | None, str]:
 def migrated_name(raw: str) -> str | None:
     """What a name stored before names were normalised becomes: invisible characters dropped, then clean_name;
     None when nothing acceptable is left (the migration then keeps the old name)."""
-    return clean_name("".join(char for char in raw if char.isspace() or not _invisible(char)))[0]
+    hidden = control_characters(raw, allowed="", invisible=True)
+    return clean_name("".join(char for char in raw if char.isspace() or char not in hidden))[0]
 
 
 # session tokens -------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Prompt file readers: JSONL/JSON, CSV/TSV, plain text and local Hugging Face dataset folders -> list[str].
 
 Readers only read: they return every prompt or raise `PromptImportError`, so the store can write all-or-nothing.
+A prompt over the length limit or holding control characters (annotate.text_limits) is an error of its file.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import csv
 import io
 import json
 from pathlib import Path
+
+from annotate.text_limits import MAX_PROMPT_CHARS, prompt_problem
 
 PROMPT_FIELDS = ("prompt", "text")
 """Field (or column) names holding the prompt, in order of preference."""
@@ -19,6 +22,8 @@ ACCEPTED_FILES = ("JSON Lines (.jsonl), JSON (.json), CSV (.csv), TSV (.tsv), pl
                   "(.txt), Parquet (.parquet) or Arrow (.arrow)")
 """For messages: the files read_prompts accepts, each with a 'prompt' or 'text' field or column (text: none)."""
 ACCEPTED_FORMATS = f"{ACCEPTED_FILES}, or a Hugging Face dataset folder"
+CSV_FIELD_LIMIT = 2**31 - 1
+"""csv's cell limit while reading prompts: none in effect (the largest a C long holds everywhere)."""
 
 
 class PromptImportError(ValueError):
@@ -52,7 +57,14 @@ def _decoded_lines(path: Path) -> list[str]:
     return lines
 
 
-def _prompt_from_record(path: Path, record: object, line: int | None) -> str:
+def _accepted(path: Path, text: str, line: int | None, max_chars: int) -> str:
+    """The prompt, stripped, or PromptImportError when it is too long or holds control characters."""
+    if problem := prompt_problem(text, max_chars):
+        raise PromptImportError(path, problem, line)
+    return text.strip()
+
+
+def _prompt_from_record(path: Path, record: object, line: int | None, max_chars: int) -> str:
     if isinstance(record, str):
         text = record
     elif isinstance(record, dict):
@@ -67,10 +79,10 @@ def _prompt_from_record(path: Path, record: object, line: int | None) -> str:
         raise PromptImportError(path, f"expected an object with a 'prompt' field, got {type(record).__name__}", line)
     if not text.strip():
         raise PromptImportError(path, "empty prompt", line)
-    return text.strip()
+    return _accepted(path, text, line, max_chars)
 
 
-def _read_jsonl(path: Path, lines: list[str]) -> list[str]:
+def _read_jsonl(path: Path, lines: list[str], max_chars: int) -> list[str]:
     prompts = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -79,11 +91,11 @@ def _read_jsonl(path: Path, lines: list[str]) -> list[str]:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise PromptImportError(path, f"malformed JSON ({error.msg} at column {error.colno})", number) from None
-        prompts.append(_prompt_from_record(path, record, number))
+        prompts.append(_prompt_from_record(path, record, number, max_chars))
     return prompts
 
 
-def _read_json_array(path: Path, lines: list[str]) -> list[str]:
+def _read_json_array(path: Path, lines: list[str], max_chars: int) -> list[str]:
     try:
         records = json.loads("\n".join(lines))
     except json.JSONDecodeError as error:
@@ -94,13 +106,17 @@ def _read_json_array(path: Path, lines: list[str]) -> list[str]:
     prompts = []
     for index, record in enumerate(records, start=1):
         try:
-            prompts.append(_prompt_from_record(path, record, None))
+            prompts.append(_prompt_from_record(path, record, None, max_chars))
         except PromptImportError as error:
             raise PromptImportError(path, f"item {index}: {error.reason}") from None
     return prompts
 
 
-def _read_csv(path: Path, lines: list[str], delimiter: str) -> list[str]:
+def _read_csv(path: Path, lines: list[str], delimiter: str, max_chars: int) -> list[str]:
+    # csv refuses a cell over 128 KiB as "field larger than field limit", naming neither the length nor the setting;
+    # the whole file is in memory already, so lift that limit (for the process: it only ever refuses) and let
+    # max_chars speak.
+    csv.field_size_limit(CSV_FIELD_LIMIT)
     reader = csv.DictReader(io.StringIO("\n".join(lines)), delimiter=delimiter)
     try:
         header = reader.fieldnames
@@ -119,13 +135,18 @@ def _read_csv(path: Path, lines: list[str], delimiter: str) -> list[str]:
                 if not any((value or "").strip() for value in row.values() if isinstance(value, str)):
                     continue  # a blank line
                 raise PromptImportError(path, f"empty '{column}' cell", reader.line_num)
-            prompts.append(text.strip())
+            prompts.append(_accepted(path, text, reader.line_num, max_chars))
     except csv.Error as error:
         raise PromptImportError(path, f"malformed CSV ({error})", reader.line_num) from None
     return prompts
 
 
-def _read_dataset_folder(path: Path) -> list[str]:
+def _read_text(path: Path, lines: list[str], max_chars: int) -> list[str]:
+    """One prompt a line; blank lines are skipped."""
+    return [_accepted(path, line, number, max_chars) for number, line in enumerate(lines, start=1) if line.strip()]
+
+
+def _read_dataset_folder(path: Path, max_chars: int) -> list[str]:
     import datasets
 
     try:
@@ -135,20 +156,21 @@ def _read_dataset_folder(path: Path) -> list[str]:
             loaded = datasets.load_dataset(str(path))
     except Exception as error:  # datasets raises many types; the user needs the file and the reason
         raise PromptImportError(path, f"not a readable Hugging Face dataset folder ({error})") from None
-    return _prompts_from_dataset(path, loaded)
+    return _prompts_from_dataset(path, loaded, max_chars)
 
 
-def _read_data_file(path: Path) -> list[str]:
+def _read_data_file(path: Path, max_chars: int) -> list[str]:
     import datasets
 
     try:
-        loaded = datasets.Dataset.from_parquet(str(path)) if path.suffix == ".parquet" else datasets.Dataset.from_file(str(path))
+        read = datasets.Dataset.from_parquet if path.suffix == ".parquet" else datasets.Dataset.from_file
+        loaded = read(str(path))
     except Exception as error:
         raise PromptImportError(path, f"not a readable {path.suffix} file ({error})") from None
-    return _prompts_from_dataset(path, loaded)
+    return _prompts_from_dataset(path, loaded, max_chars)
 
 
-def _prompts_from_dataset(path: Path, loaded) -> list[str]:
+def _prompts_from_dataset(path: Path, loaded, max_chars: int) -> list[str]:
     """Every split in order (a DatasetDict's splits one after the other)."""
     import datasets
 
@@ -157,37 +179,43 @@ def _prompts_from_dataset(path: Path, loaded) -> list[str]:
     for split in splits:
         column = next((name for name in PROMPT_FIELDS if name in split.column_names), None)
         if column is None:
-            raise PromptImportError(path, f"missing column 'prompt' or 'text' (columns: {', '.join(split.column_names)})")
+            columns = ", ".join(split.column_names)
+            raise PromptImportError(path, f"missing column 'prompt' or 'text' (columns: {columns})")
         for row_number, text in enumerate(split[column], start=1):
             if not isinstance(text, str) or not text.strip():
                 raise PromptImportError(path, f"row {row_number}: empty or non-text '{column}'")
+            if problem := prompt_problem(text, max_chars):
+                raise PromptImportError(path, f"row {row_number}: {problem}")
             prompts.append(text.strip())
     return prompts
 
 
-def read_prompts(path: Path | str) -> list[str]:
-    """Read every prompt from a file or dataset folder, stripped; raise PromptImportError naming file and line."""
+def read_prompts(path: Path | str, max_prompt_chars: int = MAX_PROMPT_CHARS) -> list[str]:
+    """Read every prompt from a file or dataset folder, stripped; raise PromptImportError naming file and line.
+
+    A prompt over `max_prompt_chars` characters, or holding control characters other than line breaks and tabs, is
+    such an error too."""
     path = Path(path)
     if not path.exists():
         raise PromptImportError(path, "no such file or folder")
     suffix = path.suffix.lower()
     if path.is_dir():
-        prompts = _read_dataset_folder(path)
+        prompts = _read_dataset_folder(path, max_prompt_chars)
     elif suffix not in SUFFIXES:  # before reading: a program or a picture is not "bad UTF-8"
         raise PromptImportError(path, f"unsupported file type '{suffix}'; accepted: {ACCEPTED_FORMATS}")
     elif suffix in DATA_FILE_SUFFIXES:
-        prompts = _read_data_file(path)
+        prompts = _read_data_file(path, max_prompt_chars)
     else:
         lines = _decoded_lines(path)
         if suffix == ".jsonl":
-            prompts = _read_jsonl(path, lines)
+            prompts = _read_jsonl(path, lines, max_prompt_chars)
         elif suffix == ".json":
-            first = "\n".join(lines).lstrip()[:1]
-            prompts = _read_json_array(path, lines) if first == "[" else _read_jsonl(path, lines)
+            json_array = "\n".join(lines).lstrip()[:1] == "["
+            prompts = (_read_json_array if json_array else _read_jsonl)(path, lines, max_prompt_chars)
         elif suffix in (".csv", ".tsv"):
-            prompts = _read_csv(path, lines, "\t" if suffix == ".tsv" else ",")
+            prompts = _read_csv(path, lines, "\t" if suffix == ".tsv" else ",", max_prompt_chars)
         else:
-            prompts = [line.strip() for line in lines if line.strip()]
+            prompts = _read_text(path, lines, max_prompt_chars)
     if not prompts:
         raise PromptImportError(path, "empty file: no prompts found")
     return prompts

@@ -104,6 +104,8 @@ ROUND_REFERENCE = "round/reference"
 ROUND_REWARD_MODEL_PATH = "round/reward_model_path"
 ROUND_RM_STRATEGY = "round/rm_strategy"
 ROUND_RESUMED_POLICY = "round/resumed_policy"
+ROUND_RESUMED_FROM = "round/resumed_from"
+"""The crashed round whose work (reward model, policy, pairs) this round went on from; its metrics are carried."""
 ROUND_PAIRS_USED = Metric("round/pairs_used", "preference pairs trained on and held out", "{:.0f}")
 ROUND_NEW_PAIRS = Metric("round/new_pairs", "new preference pairs", "{:.0f}")
 ROUND_VOTES = Metric("round/votes", "votes (a/b, tie, both bad)", "{:.0f}")

@@ -9,6 +9,7 @@ one-command upgrade (`python app.py --upgrade-auth FILE`). Names go through `ann
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import hmac
 import os
@@ -16,9 +17,10 @@ import secrets
 import shutil
 import stat
 import time
+from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from annotate.identity import clean_name
 
@@ -126,6 +128,23 @@ def _write_lines(path: Path, lines: list[str]) -> None:
     os.replace(temporary, path)
 
 
+@contextmanager
+def auth_file_lock(path: Path) -> Iterator[None]:
+    """Hold `FILE.lock` beside the auth file, waiting for it, for a read-modify-write of the file: two `--add-user`
+    at once would otherwise both write what they read, and the first one's line would be lost. The auth file itself
+    cannot carry the lock, as _write_lines replaces it with another file. The OS frees it if the process dies."""
+    lock_path = path.with_name(f"{path.name}.lock")
+    try:
+        descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as error:
+        raise AuthFileError(f"cannot lock the auth file {path} with {lock_path}: {error.strerror or error}") from None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # which frees the lock
+
+
 def set_password(path: str | Path, raw_name: str, password: str, **cost) -> tuple[str, bool]:
     """Write `name:hash` to the auth file (created with mode 0600), replacing that person's line when there is one;
     returns (the normalised name, True when it replaced a line). Other lines and comments are kept as they are."""
@@ -137,15 +156,16 @@ def set_password(path: str | Path, raw_name: str, password: str, **cost) -> tupl
         raise AuthFileError(f"{name}: names in an auth file cannot hold ':' (it separates name and password).")
     if len(password) < MIN_PASSWORD_CHARS:
         raise AuthFileError(f"Please use a password of at least {MIN_PASSWORD_CHARS} characters.")
-    lines = _read_lines(path) if path.exists() else [NEW_FILE_HEADER]
-    entry = f"{name}:{hash_password(password, **cost)}"
-    existing = _entries(path, lines).get(name)
-    if existing is not None:
-        lines[existing[0]] = entry
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lines.append(entry)
-    _write_lines(path, lines)
+    entry = f"{name}:{hash_password(password, **cost)}"  # the slow part, before the lock
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with auth_file_lock(path):
+        lines = _read_lines(path) if path.exists() else [NEW_FILE_HEADER]
+        existing = _entries(path, lines).get(name)
+        if existing is not None:
+            lines[existing[0]] = entry
+        else:
+            lines.append(entry)
+        _write_lines(path, lines)
     return name, existing is not None
 
 
@@ -153,6 +173,14 @@ def upgrade_auth_file(path: str | Path, **cost) -> tuple[int, Path | None]:
     """Rewrite every plain-text line of the file as a hash; the original is copied first to FILE.bak (mode 0600).
     Returns (lines upgraded, the backup; None when nothing needed upgrading and nothing was written)."""
     path = Path(path)
+    if not path.is_file():  # told before a lock file is made beside a mistyped name
+        raise AuthFileError(f"cannot read the auth file {path}: no such file")
+    with auth_file_lock(path):
+        return _upgrade_locked(path, **cost)
+
+
+def _upgrade_locked(path: Path, **cost) -> tuple[int, Path | None]:
+    """upgrade_auth_file's work, done while it holds the auth file's lock."""
     lines = _read_lines(path)
     plain = [(name, index, stored) for name, (index, stored) in _entries(path, lines).items() if not is_hashed(stored)]
     if not plain:

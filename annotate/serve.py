@@ -11,6 +11,7 @@ from pathlib import Path
 
 from annotate.importers import PromptImportError
 from annotate.store import Store
+from annotate.text_limits import MAX_PROMPT_CHARS
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_PROMPTS = PROJECT_ROOT / "data" / "prompts.jsonl"
@@ -50,14 +51,14 @@ def check_exposure(host: str, share: bool, auth_file: str | None) -> None:
         )
 
 
-def seed_prompts(store: Store, path: Path = SHIPPED_PROMPTS) -> str:
+def seed_prompts(store: Store, path: Path = SHIPPED_PROMPTS, max_prompt_chars: int = MAX_PROMPT_CHARS) -> str:
     """On an empty database, import the shipped prompts; returns a line for the terminal ("" when not needed)."""
     if store.count_prompts() > 0:
         return ""
     if not path.is_file():
         return f"The database has no prompts and {path} is missing: import prompts in the Admin tab."
     try:
-        result = store.import_prompts(path)
+        result = store.import_prompts(path, max_prompt_chars=max_prompt_chars)
     except (PromptImportError, ValueError) as error:
         return f"Could not import the shipped prompts: {error}"
     return f"Imported {result.added} prompts from {path}."

@@ -72,7 +72,7 @@ class AdminHandlers:
         # Gradio keeps the uploaded file under a temporary folder with its original name: messages use that name.
         name = Path(file_path).name
         try:
-            result = self.store.import_prompts(file_path, source=name)
+            result = self.store.import_prompts(file_path, source=name, max_prompt_chars=self.config.max_prompt_chars)
         except PromptImportError as error:
             return f"Nothing imported: {escape(error.naming(name))}"
         except (ValueError, OSError) as error:

@@ -7,6 +7,8 @@ lists as an output but leaves out of its dict keeps what it shows (Gradio skips 
 
 from __future__ import annotations
 
+import sqlite3
+import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -17,13 +19,14 @@ import gradio as gr
 
 from annotate.background import PairJob, RoundStarter
 from annotate.store import Store
+from annotate.text_limits import answer_problem
 from annotate.ui_session import (
     SET_COOKIE_JS, AppConfig, Session, clean_name, escape, render_untrusted, session_cookie, session_ended,
     signed_in_name,
 )
 from annotate.ui_style import SHOW_NEW_PAIR_JS, render_prompt
 from annotate.ui_votes import (
-    CHOICE_LABELS, GRADED_CHOICES, SCREEN_CHOICES, VOTE_BUTTONS, screen_vote, stored_vote_label,
+    CHOICE_LABELS, GRADED_CHOICES, SCREEN_CHOICES, VOTE_BUTTONS, VOTE_NOT_SAVED, screen_vote, stored_vote_label,
 )
 
 
@@ -117,10 +120,18 @@ class AnnotateHandlers:
         showing = session.showing
         if showing is None or shown_pair_id is None or int(shown_pair_id) != showing.pair_id:
             return session, self.view(session, name, "That vote was already recorded.")
+        if problem := answer_problem(better_answer or "", self.config.max_answer_chars):
+            # the same pair stays, and the box keeps the text (the view records nothing), so it can be shortened
+            return session, self.view(session, name, f"{problem} Nothing was recorded yet; your answer is still in "
+                                                     "the box.")
         seconds = round(time.monotonic() - session.shown_at, 3)
         side, strength = screen_vote(choice)
-        outcome = self.store.submit_vote(showing.pair_id, name, showing.stored_choice(side), showing.a_on_left,
-                                         seconds, better_answer, strength=strength)
+        try:
+            outcome = self.store.submit_vote(showing.pair_id, name, showing.stored_choice(side), showing.a_on_left,
+                                             seconds, better_answer, strength, self.config.max_answer_chars)
+        except sqlite3.OperationalError as error:  # disk full, database locked or read-only: the admin reads why
+            print(f"app: the vote of {name} on pair {showing.pair_id} was not saved: {error}", file=sys.stderr)
+            return session, self.view(session, name, VOTE_NOT_SAVED)  # the same pair stays, the better answer too
         if outcome.recorded:
             notes = [f"Recorded: {CHOICE_LABELS[choice]}."]
             if outcome.demonstration_id is not None:

@@ -15,6 +15,7 @@ from markdown_it import MarkdownIt
 
 from annotate.identity import SessionTokens, clean_name
 from annotate.records import Showing
+from annotate.text_limits import MAX_ANSWER_CHARS, MAX_PROMPT_CHARS
 
 
 @dataclass
@@ -37,6 +38,10 @@ class AppConfig:
     """While someone has no pair (queue empty, first batch generating), look for one this often."""
     refresh_s: float = 5.0
     """Dashboard and admin pages refresh this often while they are open."""
+    max_prompt_chars: int = MAX_PROMPT_CHARS
+    """Longest prompt the Admin tab imports, in characters ([app] max_prompt_chars)."""
+    max_answer_chars: int = MAX_ANSWER_CHARS
+    """Longest better answer an annotator may write, in characters ([app] max_answer_chars)."""
     sessions: SessionTokens | None = None
     """Signs the cookie that keeps a browser signed in without an auth file; build_app makes one beside the database
     when None."""

@@ -22,6 +22,9 @@ GRADED_CHOICES = ("left_much", "left", "right", "right_much")
 """The buttons of the A/B scale (primary buttons; the bar keeps them on one row)."""
 KEYS = {key: f"vote-{choice}" for choice, _label, key in VOTE_BUTTONS}
 """Keys 1-7 click the vote buttons (ui_style.keyboard_js)."""
+VOTE_NOT_SAVED = ("**Your vote could not be saved** (the server's disk is full or the database is unavailable), so it "
+                  "was not counted: try again in a minute, or tell your admin.")
+"""The status line when the store could not write a vote: the pair stays on screen to vote on again."""
 
 
 def screen_vote(choice: str) -> tuple[str, int | None]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from annotate.importers import PromptImportError
 from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, resolve_score, simulate_votes
-from annotate.store import Store
+from annotate.store import Store, StoreOpenError
 from loop.config import LoopConfig
 from loop.config_files import config_as_toml
 
@@ -21,9 +21,35 @@ def _fail(message: str) -> int:
     return 2
 
 
-def open_store(db: str) -> Store:
-    Path(db).parent.mkdir(parents=True, exist_ok=True)
+def require_database(db: str) -> None:
+    """Raise StoreOpenError (app.py says it, exit 2) when `db` does not exist: the commands that work on what is stored
+    already would otherwise make a new, empty database of a mistyped --db, then say there is nothing to work on."""
+    if db != ":memory:" and not Path(db).exists():
+        raise StoreOpenError(f"{db} does not exist: check --db, or create it by starting the app (python app.py) or "
+                             "with python app.py --import-prompts FILE")
+
+
+def existing_store(db: str) -> Store:
+    """The store at `db`, which must exist (require_database)."""
+    require_database(db)
     return Store(db)
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why the file `path` has no folder to be written in (missing, or a file in its place), or None."""
+    nearest = next(folder for folder in path.parents if folder.exists())
+    if nearest == path.parent and nearest.is_dir():
+        return None
+    if not nearest.is_dir():
+        return f"cannot write {path.name}: {nearest} is a file, not a folder"
+    return f"cannot write {path.name}: folder {path.parent} does not exist"
+
+
+def write_problem(path: Path, error: OSError) -> str:
+    """Why the file `path` could not be written, in words: no folder for it, permission denied, disk full..."""
+    no_folder = isinstance(error, (FileNotFoundError, FileExistsError, NotADirectoryError))
+    return (no_folder and folder_problem(path)) or (
+        f"cannot write {path.name} in {path.parent}: {(error.strerror or str(error)).lower()}")
 
 
 def import_prompts(args, config: LoopConfig) -> int:
@@ -31,9 +57,9 @@ def import_prompts(args, config: LoopConfig) -> int:
     path = Path(args.import_prompts)
     if not path.exists():
         return _fail(f"{path} does not exist")
-    with open_store(config.app.db) as store:
+    with Store(config.app.db) as store:  # a first step on a new database: made when there is none
         try:
-            result = store.import_prompts(path)
+            result = store.import_prompts(path, max_prompt_chars=config.app.max_prompt_chars)
         except PromptImportError as error:
             return _fail(f"{error} (nothing was imported)")
         print(f"Imported {result.added} prompts from {path} ({result.skipped} already there or repeated); "
@@ -44,13 +70,15 @@ def import_prompts(args, config: LoopConfig) -> int:
 def export(args, config: LoopConfig) -> int:
     """`--export FILE`: the preferences (majority of a/b votes) as TRL's prompt, chosen, rejected."""
     path = Path(args.export)
-    with open_store(config.app.db) as store:
-        if path.suffix == ".jsonl":
-            count = store.export_jsonl(path)
-        elif path.suffix == ".parquet":
-            count = store.export_parquet(path)
-        else:
-            return _fail(f"cannot export to {path.name}: use a .jsonl or .parquet file name")
+    if path.suffix not in (".jsonl", ".parquet"):
+        return _fail(f"cannot export to {path.name}: use a .jsonl or .parquet file name")
+    if (problem := folder_problem(path)) is not None:
+        return _fail(problem)
+    with existing_store(config.app.db) as store:
+        try:
+            count = store.export_jsonl(path) if path.suffix == ".jsonl" else store.export_parquet(path)
+        except OSError as error:
+            return _fail(write_problem(path, error))
     print(f"Exported {count} preference pairs to {path}.")
     return 0
 
@@ -65,7 +93,7 @@ def simulate(args, config: LoopConfig) -> int:
     except AnnotatorSpecError as error:
         return _fail(str(error))
     name = sim.annotator_name or f"sim:{args.simulate}"
-    with open_store(config.app.db) as store:
+    with existing_store(config.app.db) as store:
         try:
             result = simulate_votes(store, judge, name, sim.votes, overlap=config.app.overlap, seed=sim.seed,
                                     score=resolve_score(args.simulate))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+from commands.data import require_database
 from loop.config import LoopConfig
 
 
@@ -15,7 +16,7 @@ def _fail(message: str) -> int:
 
 
 def generate_pairs(args, config: LoopConfig) -> int:
-    """Check N and --versus-share, then make the batch; exit 0 done, 2 bad input."""
+    """Check N, --versus-share and the database, then make the batch; exit 0 done, 2 bad input."""
     from loop.pair_batch import generate_pair_batch
 
     try:
@@ -26,4 +27,5 @@ def generate_pairs(args, config: LoopConfig) -> int:
         return _fail(f"N must be a positive whole number (pairs to generate), not {args.generate_pairs!r}.")
     if not 0.0 <= args.versus_share <= 1.0:
         return _fail(f"--versus-share must lie between 0 and 1 (the share of versus pairs), not {args.versus_share}.")
+    require_database(config.app.db)  # pairs answer the prompts there: a mistyped --db has none
     return generate_pair_batch(config, n_pairs, args.versus_share, progress_lines=args.progress_lines)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from annotate.store import Store
+from commands.data import write_problem
 from loop.config import LoopConfig
 from loop.report import ReportRefused, kept_or_made_report, report_file, write_report_html
 
@@ -22,7 +23,7 @@ def _log(message: str) -> None:
 def report(args, config: LoopConfig) -> int:
     """Write the report the database keeps for round ROUND (made and kept first when it has none) to --out, by default
     <round.checkpoints_dir>/<db name>/round-ROUND/report.html, and print its path. Exit 2: no such database, no such
-    round, or a round that saved no new policy."""
+    round, a round that saved no new policy, or an --out that cannot be written."""
     try:
         round_id = int(args.report)
     except ValueError:
@@ -35,5 +36,9 @@ def report(args, config: LoopConfig) -> int:
             made = kept_or_made_report(store, round_id, config, log=_log)
         except ReportRefused as error:
             return _fail(str(error))
-    print(write_report_html(made, args.out or report_file(config, round_id)))
+    out = Path(args.out or report_file(config, round_id))
+    try:
+        print(write_report_html(made, out))
+    except OSError as error:
+        return _fail(f"{write_problem(out, error)} (the report is kept in {db}: run --report again with another --out)")
     return 0

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
+from commands.data import require_database
 from loop.config import LoopConfig
 
 EXIT_REFUSED = 3
 EXIT_BUSY = 4
+EXIT_NOT_FINITE = 5
 
 
 def _log(message: str) -> None:
@@ -25,17 +26,18 @@ def summary_table(metrics: dict) -> str:
 
 
 def train_round(args, config: LoopConfig) -> int:
-    """One round; exit 0 done, 2 a model its settings do not fit, 3 refused (too few pairs, reward model below the
-    bar), 4 another round running."""
+    """One round; exit 0 done, 2 a model its settings do not fit (or no database at --db), 3 refused (too few pairs,
+    reward model below the bar), 4 another round running, 5 training made NaN or inf (nothing published)."""
     from loop import round as rounds
     from loop.checks import RoundRefused, context_misfit
     from loop.round_lock import RoundBusy
     from rlhf.distributed import is_main_process
+    from rlhf.finite import NotFinite
 
     if (misfit := context_misfit(config)) is not None:
         print(f"error: {misfit}", file=sys.stderr)
         return 2
-    Path(config.app.db).parent.mkdir(parents=True, exist_ok=True)
+    require_database(config.app.db)  # a round trains on the votes there: a mistyped --db has none
     try:
         result = rounds.run_round(config.app.db, config.app.model, config, log=_log)
     except RoundBusy as error:
@@ -44,6 +46,9 @@ def train_round(args, config: LoopConfig) -> int:
     except RoundRefused as error:
         print(f"round refused: {error}", file=sys.stderr)
         return EXIT_REFUSED
+    except NotFinite as error:
+        print(f"round failed: {error} The previous policy stays current; the round is marked failed.", file=sys.stderr)
+        return EXIT_NOT_FINITE
     if is_main_process():
         print(f"Round {result.round_id} done.\n{summary_table(result.metrics)}")
     return 0

@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from commands.data import require_database
 from loop.config import LoopConfig
 from rlhf.distributed import is_main_process
 
@@ -34,6 +35,8 @@ def sft(args, config: LoopConfig) -> int:
     from rlhf.models import ModelNotFoundError
     from rlhf.sft.train import SFTDataError
 
+    if not args.sft:
+        require_database(config.app.db)  # the demonstrations are there: a mistyped --db has none
     try:
         outcome = sft_on_store(config, args.sft or None, _out_dir(args, "sft"))
     except (StageInputError, SFTDataError, ModelNotFoundError) as error:

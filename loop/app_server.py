@@ -7,7 +7,10 @@ starts behaves as the same command typed in a shell.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from loop.children.pair_job import GenerationJob
 from loop.children.round_runner import RoundRunner
 from loop.config import LoopConfig
 from loop.config_files import config_as_toml, unset_overrides
+from loop.file_lock import FileLock, LockHeld
 
 APP_PATH = Path(__file__).resolve().parents[1] / "app.py"
 AUTH_MESSAGE = ("rlhf-loop: sign in with the name and password your admin gave you. If you were signed in, the app "
@@ -48,6 +52,53 @@ def child_command(config_file: Path, config: LoopConfig, *command: str) -> list[
     return [sys.executable, str(APP_PATH), *command, "--config", str(config_file), *unset]
 
 
+def check_port(host: str, port: int) -> None:
+    """ServeError, saying what to do, unless the app could listen on (host, port) now: a socket is bound there and
+    closed again (with SO_REUSEADDR, as the server's own, so a port its last run left in TIME_WAIT counts as free)."""
+    if not 1 <= port <= 65535:
+        raise ServeError(f"--port must be a number from 1 to 65535, not {port}.")
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                 flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except PermissionError:
+        raise ServeError(f"port {port} on {host} needs more rights than this user has (ports below 1024 usually do); "
+                         "start with --port N, N from 1024 up") from None
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise ServeError(f"port {port} on {host} is in use (by another program); start with --port N or stop "
+                             "that program") from None
+        raise ServeError(f"the app cannot listen on {host} ({error.strerror or error}); start with --host set to an "
+                         "address of this machine, such as the default 127.0.0.1") from None
+
+
+def second_app_refusal(lock: FileLock, db: str) -> ServeError:
+    """The refusal of an app started on a database that another app serves, naming the other's process and port."""
+    try:
+        holder = json.loads(lock.holder())
+    except ValueError:
+        holder = {}
+    holder = holder if isinstance(holder, dict) else {}
+    return ServeError(f"another annotation app (process {holder.get('pid', '?')}, port {holder.get('port', '?')}) "
+                      f"serves {db}; open that one, or stop it first")
+
+
+def claim_database(db: str, host: str, port: int) -> FileLock:
+    """The app's lock on its database (`<db>.app.lock`, holding its pid and port), taken after the port was found
+    free and before anything else is written: one app per database, since each app keeps its reservations of pairs
+    in its own memory. ServeError, saying what to do, when another app holds it or the port is not free."""
+    lock = FileLock(f"{db}.app.lock")
+    if lock.is_held():  # before the port: a second app on the default port is best told about the first app
+        raise second_app_refusal(lock, db)
+    check_port(host, port)
+    try:
+        return lock.acquire(json.dumps({"pid": os.getpid(), "host": host, "port": port}))
+    except LockHeld:
+        raise second_app_refusal(lock, db) from None
+
+
 def serve_annotation_app(config: LoopConfig) -> int:
     """Start the app; returns an exit code (2 for a problem the user can fix, printed to stderr)."""
     settings = config.serve
@@ -56,9 +107,20 @@ def serve_annotation_app(config: LoopConfig) -> int:
         passwords = read_auth_file(settings.auth) if settings.auth else None
         if config.app.overlap < 1:
             raise ServeError(f"--overlap must be 1 or more, not {config.app.overlap}.")
+        app_lock = claim_database(config.app.db, settings.host, settings.port)
     except (ServeError, AuthFileError) as error:
         print(f"app.py: {error}", file=sys.stderr)
         return 2
+    try:
+        return launch_app(config, passwords)
+    finally:
+        app_lock.release()
+
+
+def launch_app(config: LoopConfig, passwords: dict[str, str] | None) -> int:
+    """The app on its database, once serve_annotation_app checked its settings and took the database's lock: blocks
+    until the server stops."""
+    settings = config.serve
     for warning in auth_file_warnings(settings.auth, passwords) if passwords is not None else []:
         print(f"app.py: warning: {warning}", file=sys.stderr)
     store = Store(config.app.db)
@@ -66,7 +128,7 @@ def serve_annotation_app(config: LoopConfig) -> int:
         print(f"app.py: the stored name {clash.name!r} now reads as {clash.normalised!r}, but both voted on pairs "
               f"{list(clash.pairs)}: its votes stay under the old spelling, which nobody can sign in as.",
               file=sys.stderr)
-    if message := seed_prompts(store):
+    if message := seed_prompts(store, max_prompt_chars=config.app.max_prompt_chars):
         print(message, file=sys.stderr)
     config_file = write_child_config(config)
     runner = RoundRunner(store, child_command(config_file, config, "--train-round"), cwd=os.getcwd(),
@@ -82,6 +144,7 @@ def serve_annotation_app(config: LoopConfig) -> int:
     app_config = AppConfig(
         guidelines_path=SHIPPED_GUIDELINES, admins=tuple(settings.admins), require_auth=passwords is not None,
         overlap=config.app.overlap, first_batch_pairs=settings.first_batch,
+        max_prompt_chars=config.app.max_prompt_chars, max_answer_chars=config.app.max_answer_chars,
     )
     # Gradio recomputes a pandas summary of up to 10,000 recent events after every event (for its monitoring
     # page): with many votes that becomes the largest cost of a vote. Summarise once per 1000 events instead.

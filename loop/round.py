@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Callable
 
 from annotate.metrics import (ACTIVE_CANDIDATE_ANSWERS, ACTIVE_UNCERTAIN, HISTORY, PPO_PREFIX,
-                              RM_LIVE_PREFIX, ROUND_ACTIVE_CANDIDATE_ANSWERS, ROUND_ACTIVE_SHARE,
+                              RM_LIVE_PREFIX, RM_PREFIX, ROUND_ACTIVE_CANDIDATE_ANSWERS, ROUND_ACTIVE_SHARE,
                               ROUND_CEILING_POLICY_PATH, ROUND_NORMALIZE_REWARDS, ROUND_PAIRS_GENERATED,
                               ROUND_POLICY_ID, ROUND_POLICY_PATH, ROUND_PPO_LAM, ROUND_PPO_REWARD, ROUND_PPO_SEED,
-                              ROUND_RESUMED_POLICY, ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY, ROUND_SECONDS,
-                              ROUND_STAGE, ceiling_name, stage_seconds)
+                              ROUND_RESUMED_FROM, ROUND_RESUMED_POLICY, ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY,
+                              ROUND_SECONDS, ROUND_STAGE, ceiling_name, stage_seconds)
 from annotate.store import Store
 from loop.checks import RoundRefused, check_accuracy
 from loop.config import LoopConfig, function_ppo_settings, ppo_settings, strategy_settings
@@ -90,7 +90,7 @@ def start_round(db_path: str | Path, base_model: str, config: LoopConfig, exclud
         plan, refusal = broadcast_from_main((None, None))
         if refusal is not None:
             raise refusal
-        return RoundRun(plan, config, None, _silent)  # every process runs the stages; one tells the user
+        return RoundRun(plan, config, None, _silent, metrics=dict(plan.carried))  # every process runs the stages
     store, lock = Store(db_path), RoundLock(db_path)
     plan = refusal = None
     try:
@@ -103,7 +103,10 @@ def start_round(db_path: str | Path, base_model: str, config: LoopConfig, exclud
     broadcast_from_main((plan, refusal))  # the refusal itself, so every process raises the same kind
     if refusal is not None:
         raise refusal
-    return RoundRun(plan, config, store, log, lock)
+    if plan.carried:
+        log(f"Round {plan.round_id}: going on from crashed round {plan.carried[ROUND_RESUMED_FROM]} (its figures "
+            "carried).")
+    return RoundRun(plan, config, store, log, lock, metrics=dict(plan.carried))
 
 
 def _train(run: RoundRun, base_model: str, reward_function: RewardFunction | None,
@@ -139,13 +142,7 @@ def run_round(db_path: str | Path, base_model: str, config: LoopConfig, log: Log
     try:
         policy_id, reward_path = _train(run, base_model, reward_function, ceiling_reward)
         if run.is_main:
-            run.record({ROUND_STAGE: "pairs"})
-            made = run.timed("pairs", _pairs_stage, policy_id, reward_path, frozenset(exclude_prompts or ()))
-            run.record({ROUND_PAIRS_GENERATED.name: made})
-            if make_report and config.round.report_prompts > 0:
-                run.timed("report", _report_stage)
-            run.record({ROUND_SECONDS.name: time.perf_counter() - run.started, ROUND_STAGE: "done"})
-            run.store.finish_round(run.plan.round_id)
+            _finish(run, policy_id, reward_path, frozenset(exclude_prompts or ()), make_report)
         wait_for_everyone()
     except BaseException as error:
         if run.is_main:
@@ -156,6 +153,20 @@ def run_round(db_path: str | Path, base_model: str, config: LoopConfig, log: Log
     return RoundResult(round_id=run.plan.round_id, policy_id=policy_id, metrics=run.metrics)
 
 
+def _finish(run: RoundRun, policy_id: int, reward_path: str | None, exclude_prompts: frozenset[str],
+            make_report: bool) -> None:
+    """Step 6 and the round's end, on the main process: the next pairs (not again when the crashed round this one
+    goes on from had queued them), the report, the round's row marked done."""
+    if not run.plan.reuse_pairs:
+        run.record({ROUND_STAGE: "pairs"})
+        made = run.timed("pairs", _pairs_stage, policy_id, reward_path, exclude_prompts)
+        run.record({ROUND_PAIRS_GENERATED.name: made})
+    if make_report and run.config.round.report_prompts > 0:
+        run.timed("report", _report_stage)
+    run.record({ROUND_SECONDS.name: time.perf_counter() - run.started, ROUND_STAGE: "done"})
+    run.store.finish_round(run.plan.round_id)
+
+
 def _reward_stage(run: RoundRun, base_model: str) -> str:
     """Step 3: train the reward model on every preference with the strategy the vote count calls for
     (rlhf.reward.strategies), then refuse PPO on a model that cannot be told from chance."""
@@ -164,6 +175,7 @@ def _reward_stage(run: RoundRun, base_model: str) -> str:
     plan, config, record, log = run.plan, run.config, run.record, run.log
     if plan.reuse_reward_path:
         log(f"Round {plan.round_id}: reusing the reward model a crashed round trained on the same votes.")
+        check_accuracy({k: v for k, v in plan.carried.items() if k.startswith(RM_PREFIX)}, plan, config, record, log)
         record({ROUND_REWARD_MODEL_PATH: plan.reuse_reward_path})
         return plan.reuse_reward_path
     votes = config.votes
@@ -177,6 +189,7 @@ def _reward_stage(run: RoundRun, base_model: str) -> str:
         f"({plan.new_pairs} new){' from the last one' if strategy == 'full' and plan.reward_warm_start else ''}.")
     model = train_strategy(strategy, plan.preferences, plan.reference_path, strategy_config,
                            on_progress=lambda m: record({RM_LIVE_PREFIX + k.split("/")[-1]: v for k, v in m.items()}))
+    model.refuse_non_finite()  # on every process, before the main one saves: NaN weights are never published
     if run.is_main:
         model.save(staging)
         replace_folder(staging, out_dir)

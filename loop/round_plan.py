@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from annotate.metrics import (ROUND_ACTOR_POLICY_ID, ROUND_MIN_ACCURACY, ROUND_NEW_PAIRS, ROUND_PAIRS_GENERATED,
-                              ROUND_PAIRS_USED, ROUND_POLICY_ID, ROUND_PPO_PROMPTS, ROUND_REFERENCE,
-                              ROUND_REWARD_MODEL_PATH, ROUND_STAGE, ROUND_VOTES)
-from annotate.records import Preference
+from annotate.metrics import (RM_LIVE_PREFIX, RM_PREFIX, ROUND_ACTOR_POLICY_ID, ROUND_MIN_ACCURACY, ROUND_NEW_PAIRS,
+                              ROUND_PAIRS_GENERATED, ROUND_PAIRS_USED, ROUND_POLICY_ID, ROUND_PPO_PROMPTS,
+                              ROUND_REFERENCE, ROUND_RESUMED_FROM, ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY,
+                              ROUND_SECONDS, ROUND_STAGE, ROUND_VOTES, stage_seconds)
+from annotate.records import Policy, Preference
 from annotate.store import Store
 from loop.checks import RoundRefused
-from loop.children.liveness import process_is_alive
 from loop.config import LoopConfig
 
 Log = Callable[[str], None]
@@ -50,10 +50,44 @@ class RoundPlan:
     """A reward model a crashed round finished on the same votes: not trained again."""
     reuse_policy_id: int | None = None
     """A policy a crashed round saved: the round only generates its pairs."""
+    reuse_pairs: bool = False
+    """The crashed round had queued its next pairs too: the round only finishes (its report, its row)."""
+    carried: dict = field(default_factory=dict)
+    """What the crashed round recorded of the work reused (its accuracy, PPO figures, seconds...), recorded again in
+    this round, so the finished round names its reward model and shows its numbers."""
 
 
-def _crashed_work(store: Store, n_preferences: int) -> tuple[str | None, int | None]:
-    """What the most recent failed round finished before it died (reward model on the same votes, a policy)."""
+@dataclass
+class CrashedWork:
+    """What the most recent failed round finished before it died, and the plan it had made."""
+
+    round_id: int
+    metrics: dict
+    """Everything it recorded (loop.round records each stage's output as soon as it exists)."""
+    reward_path: str | None = None
+    """Its reward model, when it was trained on the votes the new round has."""
+    policy_id: int | None = None
+    """Its saved policy."""
+
+    @property
+    def pairs_made(self) -> bool:
+        return ROUND_PAIRS_GENERATED.name in self.metrics
+
+    def carried(self) -> dict:
+        """The metrics of the work reused, under their names: all but the stage and the whole-round seconds when the
+        policy is reused; the reward model's figures alone when only it is."""
+        if self.policy_id is not None:
+            kept = {k: v for k, v in self.metrics.items() if k not in (ROUND_STAGE, ROUND_SECONDS.name)}
+        else:
+            reward_keys = (ROUND_RM_STRATEGY, ROUND_REWARD_MODEL_PATH, stage_seconds("reward").name)
+            kept = {k: v for k, v in self.metrics.items() if k.startswith(RM_PREFIX) or k in reward_keys}
+        kept = {k: v for k, v in kept.items() if not k.startswith(RM_LIVE_PREFIX)}
+        return {**kept, ROUND_RESUMED_FROM: self.round_id}
+
+
+def crashed_work(store: Store, n_preferences: int) -> CrashedWork | None:
+    """The most recent failed round (since the last finished one) that left a policy, or a reward model trained on
+    the same `n_preferences` votes; None when there is nothing to go on from."""
     last_done = store.last_done_round()
     for round_ in reversed(store.rounds()):
         if last_done is not None and round_.id <= last_done.id:
@@ -61,19 +95,20 @@ def _crashed_work(store: Store, n_preferences: int) -> tuple[str | None, int | N
         if round_.status != "failed":
             continue
         metrics = round_.metrics
-        policy_id = metrics.get(ROUND_POLICY_ID.name)
-        if policy_id is not None and not metrics.get(ROUND_PAIRS_GENERATED.name):
-            return metrics.get(ROUND_REWARD_MODEL_PATH), int(policy_id)
         reward_path = metrics.get(ROUND_REWARD_MODEL_PATH)
+        if metrics.get(ROUND_POLICY_ID.name) is not None:
+            return CrashedWork(round_.id, metrics, reward_path, int(metrics[ROUND_POLICY_ID.name]))
         if reward_path and metrics.get(ROUND_PAIRS_USED.name) == n_preferences and Path(reward_path).is_dir():
-            return reward_path, None
-    return None, None
+            return CrashedWork(round_.id, metrics, reward_path)
+    return None
 
 
 def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompts: set[str] | None = None,
                log: Log = print) -> RoundPlan:
-    """Steps 1-2 on the main process: stale rounds, preference set, refusal on too few new pairs, a round row."""
-    stale = store.mark_stale_rounds_failed(process_is_alive)
+    """Steps 1-2 on the main process (which holds the round lock): stale rounds, preference set, refusal on too few
+    new pairs, a round row. A round resumed from a crashed one keeps the crashed one's plan: its actor (so its versus
+    pairs set the new policy against the policy before it, not against itself), reference and PPO prompts."""
+    stale = store.mark_stale_rounds_failed(lambda pid: False)  # we hold the lock: any `running` row is a dead one
     if stale:
         log(f"Marked crashed round(s) {', '.join(map(str, stale))} as failed; resuming from what they finished.")
     store.ensure_base_policy(base_model)
@@ -81,35 +116,56 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
     last_done = store.last_done_round()
     used_before = int(last_done.metrics.get(ROUND_PAIRS_USED.name, 0)) if last_done else 0
     new_pairs = len(preferences) - used_before
-    reuse_reward, reuse_policy = _crashed_work(store, len(preferences))
+    crashed = crashed_work(store, len(preferences))
+    reuse_policy = crashed.policy_id if crashed else None
     if reuse_policy is None and new_pairs < config.round.min_new_pairs:
         raise RoundRefused(
             f"Only {new_pairs} new preference pairs since the last round (minimum {config.round.min_new_pairs}; "
             f"{len(preferences)} in all). Collect more votes (ties, 'both bad' and skips do not count), "
             "or lower round.min_new_pairs with --set round.min_new_pairs=N."
         )
-    latest, first = store.latest_policy(), store.first_policy()
-    rng = random.Random(config.round.seed + len(store.rounds()))
-    prompts = [p.text for p in store.prompts() if not exclude_prompts or p.text not in exclude_prompts]
-    if not prompts:
-        raise RoundRefused("No prompts in the database: import some with --import-prompts FILE.")
-    ppo_prompts = rng.sample(prompts, min(config.round.ppo_prompts, len(prompts)))
+    actor, first = _actor_and_reference(store, crashed)
+    ppo_prompts = _ppo_prompts(store, config, exclude_prompts, crashed)
     round_id = store.start_round(pid=os.getpid())
     policy_round = max(p.round for p in store.policies()) + 1
     out_dir = round_checkpoint_dir(config.round.checkpoints_dir, store.path, round_id)
     plan = RoundPlan(
         round_id=round_id, policy_round=policy_round, preferences=preferences, new_pairs=new_pairs,
-        reference_path=first.path, actor_path=latest.path, actor_policy_id=latest.id,
+        reference_path=first, actor_path=actor.path, actor_policy_id=actor.id,
         reward_warm_start=last_done.metrics.get(ROUND_REWARD_MODEL_PATH) if last_done else None,
-        ppo_prompts=ppo_prompts, out_dir=str(out_dir), reuse_reward_path=reuse_reward, reuse_policy_id=reuse_policy,
+        ppo_prompts=ppo_prompts, out_dir=str(out_dir), reuse_reward_path=crashed.reward_path if crashed else None,
+        reuse_policy_id=reuse_policy, reuse_pairs=bool(crashed and reuse_policy and crashed.pairs_made),
+        carried=crashed.carried() if crashed else {},
     )
     store.update_round_metrics(round_id, {
         ROUND_PAIRS_USED.name: len(preferences), ROUND_NEW_PAIRS.name: new_pairs, ROUND_STAGE: "planned",
-        ROUND_ACTOR_POLICY_ID: latest.id, ROUND_REFERENCE: first.path,
+        ROUND_ACTOR_POLICY_ID: actor.id, ROUND_REFERENCE: first,
         ROUND_VOTES.name: store.count_votes_since(None), ROUND_MIN_ACCURACY.name: config.round.min_accuracy,
-        ROUND_PPO_PROMPTS: ppo_prompts,
+        ROUND_PPO_PROMPTS: ppo_prompts, **plan.carried,  # a reused policy's own counts of votes and pairs win
     })
     return plan
+
+
+def _actor_and_reference(store: Store, crashed: CrashedWork | None) -> tuple[Policy, str]:
+    """(the policy PPO starts from, the reference's path): the latest and the first policy, or those the crashed
+    round recorded."""
+    actor, reference = store.latest_policy(), store.first_policy().path
+    if crashed is not None and crashed.metrics.get(ROUND_ACTOR_POLICY_ID) is not None:
+        actor = store.policy(int(crashed.metrics[ROUND_ACTOR_POLICY_ID]))
+        reference = crashed.metrics.get(ROUND_REFERENCE, reference)
+    return actor, reference
+
+
+def _ppo_prompts(store: Store, config: LoopConfig, exclude_prompts: set[str] | None,
+                 crashed: CrashedWork | None) -> list[str]:
+    """round.ppo_prompts prompts drawn with the round's seed, outside `exclude_prompts`; the crashed round's own."""
+    if crashed is not None and crashed.metrics.get(ROUND_PPO_PROMPTS):
+        return list(crashed.metrics[ROUND_PPO_PROMPTS])
+    rng = random.Random(config.round.seed + len(store.rounds()))
+    prompts = [p.text for p in store.prompts() if not exclude_prompts or p.text not in exclude_prompts]
+    if not prompts:
+        raise RoundRefused("No prompts in the database: import some with --import-prompts FILE.")
+    return rng.sample(prompts, min(config.round.ppo_prompts, len(prompts)))
 
 
 def round_checkpoint_dir(checkpoints_dir: str | Path, db_path: str | Path, round_id: int) -> Path:

@@ -54,7 +54,8 @@ def nucleus_kept(sorted_logits: Tensor, normaliser: Tensor, top_p: float) -> Ten
 
 
 def top_p_removed(logits: Tensor, top_p: float) -> Tensor:
-    """Tokens outside the nucleus, as TopPLogitsWarper (`nucleus_kept` on the whole sorted row).  (..., V) -> (..., V)"""
+    """Tokens outside the nucleus, as TopPLogitsWarper (`nucleus_kept` on the whole sorted row).
+    (..., V) -> (..., V)"""
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (..., V) each
     kept = nucleus_kept(sorted_logits, logits.logsumexp(dim=-1, keepdim=True), top_p)  # (..., V) sorted order
     return (~kept).scatter(-1, order, ~kept)  # (..., V) back in vocabulary order

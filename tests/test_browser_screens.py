@@ -15,7 +15,8 @@ pytestmark = pytest.mark.browser
 
 SCREENS = {"laptop": {"width": 1366, "height": 900}, "phone": {"width": 390, "height": 844}}
 LONG_ANSWER = " ".join(f"word{i % 97}" for i in range(3000))
-HUGE_PROMPT = "Please summarise the following log.\n" + "\n".join(f"line {i}: " + "x" * 90 for i in range(1000))
+HUGE_PROMPT = "Please summarise the following log.\n" + "\n".join(f"line {i}: " + "x" * 90 for i in range(150))
+"""About 15,000 characters: under [app] max_prompt_chars (16,000), and hundreds of lines tall on any screen."""
 MARKDOWN_ANSWER = "| name | score |\n|---|---|\n| ada | 9 |\n\n```\nprint('hi')\n```\n\nUse `x` here."
 
 
@@ -101,7 +102,7 @@ def test_vote_buttons_stay_in_reach_long_prompts_fold_and_the_next_prompt_shows_
     page.screenshot(path=str(tmp_path / f"{screen}-huge-prompt.png"))
     page.click("#prompt summary .show-all")
     page.wait_for_function("() => document.querySelector('#prompt details').open")
-    assert "line 999: " in page.inner_text("#prompt details")
+    assert "line 149: " in page.inner_text("#prompt details")
     assert page.locator("#prompt").evaluate("(box) => box.scrollTop") == 0  # opened at the prompt's start
     assert page_height_in_screens(page) < 3 and vote_buttons_in_view(page) == []
     page.screenshot(path=str(tmp_path / f"{screen}-huge-prompt-open.png"))

@@ -152,6 +152,9 @@ def test_sft_command_trains_on_the_annotators_demonstrations(tiny_model_dir, tmp
 
 
 def test_sft_command_without_demonstrations_or_with_a_bad_file_says_what_to_do(tiny_model_dir, tmp_path, capsys):
+    from annotate.store import Store
+
+    Store(tmp_path / "loop.db").close()  # a database without demonstrations (a missing one: test_operator_errors.py)
     assert app.main(sft_argv(tmp_path / "loop.db", tiny_model_dir)) == 2
     assert "holds no demonstrations yet" in capsys.readouterr().err
 

@@ -8,7 +8,7 @@ import pytest
 
 from annotate.records import NewGeneration, NewPair
 from loop.children.liveness import process_is_alive
-from annotate.store import Store
+from annotate.store import Store, StoreOpenError
 from annotate.store.sql import MIGRATIONS
 
 V1_SCHEMA = """
@@ -126,7 +126,7 @@ def test_a_database_newer_than_the_code_is_refused(tmp_path):
     with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA user_version = 99")
     conn.close()
-    with pytest.raises(RuntimeError, match="schema version 99, newer than this code knows"):
+    with pytest.raises(StoreOpenError, match=r"written by a newer rlhf-loop \(schema 99; this one knows up to"):
         Store(path)
 
 

@@ -25,11 +25,13 @@ import sqlite_utils
 
 from annotate.identity import clean_name
 from annotate.store import sql as queries
+from annotate.store.opening import newer_schema, open_failure
 from annotate.store.reports import Reports
 from annotate.store.rounds import RoundRecords
 from annotate.store.votes import VoteRecords
 from annotate.store.sql import now
 from annotate.importers import read_prompts
+from annotate.text_limits import MAX_PROMPT_CHARS, prompt_problem
 from annotate.records import (
     CHOSEN_BY, PAIR_KINDS, ROLES, Annotator, NameClash, NewGeneration, Generation, ImportResult, NewPair, Pair, Policy,
     Prompt, Showing,
@@ -63,12 +65,14 @@ class Store(VoteRecords, RoundRecords, Reports):
         self._reservations: dict[str, tuple[int, float]] = {}
         self._reserve_lock = threading.Lock()
         self._rng = random.Random()
-        if not self.memory:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._shared = self._open() if self.memory else None
-        if not self.memory:
-            self._db().enable_wal()
-        self._migrate()
+        self._shared = None
+        try:
+            self._open_and_migrate()
+        except BaseException as error:
+            self.close()  # a Store that was not made leaves no connection open
+            if isinstance(error, (sqlite3.Error, OSError)):  # a mistyped --db, a full disk, a damaged file: in words
+                raise open_failure(self.path, error) from error
+            raise
 
     # connections and transactions ------------------------------------------------------------------------------
 
@@ -123,13 +127,20 @@ class Store(VoteRecords, RoundRecords, Reports):
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _open_and_migrate(self) -> None:
+        """Create the folder, connect (in WAL mode for a file), bring the schema up to date."""
+        if not self.memory:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._shared = self._open() if self.memory else None
+        if not self.memory:
+            self._db().enable_wal()
+        self._migrate()
+
     def _migrate(self) -> None:
         with self._write() as db:
             version = db.conn.execute("PRAGMA user_version").fetchone()[0]
             if version > len(queries.MIGRATIONS):
-                raise RuntimeError(
-                    f"{self.path} has schema version {version}, newer than this code knows ({len(queries.MIGRATIONS)})"
-                )
+                raise newer_schema(self.path, version, len(queries.MIGRATIONS))
             for number, migration in enumerate(queries.MIGRATIONS, start=1):
                 if number > version:
                     migration(db)
@@ -149,12 +160,17 @@ class Store(VoteRecords, RoundRecords, Reports):
 
     # prompts -----------------------------------------------------------------------------------------------------
 
-    def add_prompts(self, texts: Iterable[str], source: str = "") -> ImportResult:
-        """Add prompts, stripped and deduplicated on text; an empty one raises ValueError and nothing is written."""
-        stripped = [text.strip() if isinstance(text, str) else text for text in texts]
-        for index, text in enumerate(stripped):
-            if not isinstance(text, str) or not text:
-                raise ValueError(f"prompt {index + 1} of {len(stripped)} is empty or not text: {text!r}")
+    def add_prompts(self, texts: Iterable[str], source: str = "",
+                    max_prompt_chars: int = MAX_PROMPT_CHARS) -> ImportResult:
+        """Add prompts, stripped and deduplicated on text; one that is empty, too long or holds control characters
+        (annotate.text_limits) raises ValueError and nothing is written."""
+        texts = list(texts)
+        for index, text in enumerate(texts):
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"prompt {index + 1} of {len(texts)} is empty or not text: {text!r}")
+            if problem := prompt_problem(text, max_prompt_chars):
+                raise ValueError(f"prompt {index + 1} of {len(texts)}: {problem}")
+        stripped = [text.strip() for text in texts]
         created = now()
         with self._write() as db:
             before = db.conn.total_changes
@@ -162,10 +178,12 @@ class Store(VoteRecords, RoundRecords, Reports):
             added = db.conn.total_changes - before
         return ImportResult(added=added, skipped=len(stripped) - added)
 
-    def import_prompts(self, path: str | Path, source: str | None = None) -> ImportResult:
-        """Read a prompt file (see annotate.importers) then add everything in one transaction, or nothing."""
-        texts = read_prompts(path)
-        return self.add_prompts(texts, source=source if source is not None else Path(path).name)
+    def import_prompts(self, path: str | Path, source: str | None = None,
+                       max_prompt_chars: int = MAX_PROMPT_CHARS) -> ImportResult:
+        """Read a prompt file (see annotate.importers) then add everything in one transaction, or nothing; a prompt
+        over `max_prompt_chars` characters is an error of the file (PromptImportError)."""
+        texts = read_prompts(path, max_prompt_chars)
+        return self.add_prompts(texts, source if source is not None else Path(path).name, max_prompt_chars)
 
     def prompts(self, limit: int | None = None) -> list[Prompt]:
         return [Prompt(**row) for row in self._rows(queries.SELECT_PROMPTS, {"limit": -1 if limit is None else limit})]

@@ -13,6 +13,7 @@ import sqlite_utils
 from annotate.records import CHOICES, STRENGTHS, Vote, VoteOutcome
 from annotate.store import sql as queries
 from annotate.store.sql import now
+from annotate.text_limits import MAX_ANSWER_CHARS, answer_problem
 
 
 class VoteRecords:
@@ -29,13 +30,15 @@ class VoteRecords:
         return self.submit_vote(pair_id, annotator, choice, a_on_left, seconds, strength=strength).recorded
 
     def submit_vote(self, pair_id: int, annotator: str, choice: str, a_on_left: bool, seconds: float | None = None,
-                    better_answer: str | None = None, strength: int | None = None) -> VoteOutcome:
+                    better_answer: str | None = None, strength: int | None = None,
+                    max_answer_chars: int = MAX_ANSWER_CHARS) -> VoteOutcome:
         """Record a vote and the better answer written with it, in one transaction: both land or neither.
 
         The first vote of an annotator on a pair stands: a repeat (a double click, a retried request, a second tab)
         writes nothing, not even its better answer, and the outcome carries the choice that stands. UNIQUE keys on
         votes and demonstrations keep this true under parallel calls from threads and processes. `strength` grades an
-        a/b vote: 1 slightly, 2 much better (STRENGTHS); None leaves it ungraded.
+        a/b vote: 1 slightly, 2 much better (STRENGTHS); None leaves it ungraded. A better answer over
+        `max_answer_chars` characters or holding control characters raises ValueError, and nothing is written.
         """
         annotator = self._checked_name(annotator)
         if choice not in CHOICES:
@@ -43,6 +46,8 @@ class VoteRecords:
         if strength is not None and (choice not in ("a", "b") or strength not in STRENGTHS):
             raise ValueError(f"strength is 1 (slightly) or 2 (much better) for an a or b vote, not {strength!r} "
                              f"for {choice!r}")
+        if problem := answer_problem(better_answer or "", max_answer_chars):
+            raise ValueError(problem)
         better_answer = (better_answer or "").strip()
         created = now()
         with self._write() as db:
@@ -80,15 +85,20 @@ class VoteRecords:
         last = self.last_done_round()
         return self.count_votes_since(last.started_at if last else None)
 
-    def add_demonstration(self, prompt_id: int, annotator: str, text: str, pair_id: int | None = None) -> int | None:
+    def add_demonstration(self, prompt_id: int, annotator: str, text: str, pair_id: int | None = None,
+                          max_answer_chars: int = MAX_ANSWER_CHARS) -> int | None:
         """Store a better answer someone wrote (SFT data); returns its id.
 
         Given the pair it was written for, at most one per (pair, annotator): a second one writes nothing and
-        returns None. The pair must show this prompt.
+        returns None. The pair must show this prompt. An empty one, one over `max_answer_chars` characters or one
+        holding control characters raises ValueError.
         """
-        annotator, text = self._checked_name(annotator), (text or "").strip()
-        if not text:
+        annotator, text = self._checked_name(annotator), text or ""
+        if not text.strip():
             raise ValueError("a demonstration must not be empty")
+        if problem := answer_problem(text, max_answer_chars):
+            raise ValueError(problem)
+        text = text.strip()
         created = now()
         with self._write() as db:
             if db.conn.execute("SELECT 1 FROM prompts WHERE id = ?", (prompt_id,)).fetchone() is None:

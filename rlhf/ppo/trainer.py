@@ -19,6 +19,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from rlhf.distributed import make_accelerator
+from rlhf.finite import refuse_non_finite
 from rlhf.losses import (
     AdaptiveKLController,
     FixedKLController,
@@ -317,6 +318,7 @@ class PPOTrainer:
                 order += torch.randperm(len(shard), generator=generator).tolist()
             batch, order = [shard[i] for i in order[:config.batch_size]], order[config.batch_size:]
             metrics = {"ppo/step": step_index + 1, **self.step(batch)}
+            refuse_non_finite(f"PPO step {step_index + 1} of {total}", metrics)  # the same reduced metrics everywhere
             history.append(metrics)
             if on_step is not None:
                 on_step(metrics)
@@ -334,6 +336,7 @@ class PPOTrainer:
         included) and a generation_config.json of PPO's sampling settings alone (`policy_generation_config`)."""
         out_dir = Path(out_dir)
         self.accelerator.wait_for_everyone()
+        refuse_non_finite("the trained actor", named_tensors=self.unwrapped_actor().named_parameters())  # every process
         if self.accelerator.is_main_process:
             actor = self.unwrapped_actor()
             if hasattr(actor, "merge_and_unload"):

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rlhf.decode import position_ids_from_mask
+from rlhf.finite import refuse_non_finite
 from rlhf.losses import graded_terms, masked_mean
 from rlhf.reward import bt_head
 from rlhf.reward.config import STRATEGIES, StrategyConfig, VotesConfig
@@ -198,12 +199,22 @@ class TrainedPreferenceModel:
         prompts, chosen, rejected = _texts(pairs)
         return (self.score(prompts, chosen) > self.score(prompts, rejected)).tolist()
 
+    def refuse_non_finite(self) -> None:
+        """Raise rlhf.finite.NotFinite when a metric, the head, a bootstrap head or a fine-tuned weight is not
+        finite."""
+        tensors = ([("head", self.weight)] if self.weight is not None else []) + [("bootstrap heads", self.heads)]
+        if self.reward_model is not None:
+            tensors += list(self.reward_model.named_parameters())
+        refuse_non_finite(f"the {self.strategy} reward model", self.metrics, tensors)
+
     def save(self, path: str | Path) -> Path:
-        """A RewardModel folder (for PPO and RewardModel.from_pretrained) plus the bootstrap heads and settings.
+        """A RewardModel folder (for PPO and RewardModel.from_pretrained) plus the bootstrap heads and settings;
+        refused (NotFinite, nothing written) when anything in it is not finite.
 
         A head strategy's folder is the frozen backbone (its first L layers for a feature of layer L) with the head
         as v_head and the feature's pooling: it scores exactly as `score` does.
         """
+        self.refuse_non_finite()
         model = self.reward_model if self.reward_model is not None else self.as_reward_model()
         path = model.save_pretrained(path, tokenizer=self.extractor.tokenizer)
         save_file({"heads": self.heads.float().contiguous()}, str(path / HEADS_FILE))

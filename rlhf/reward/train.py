@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from rlhf.distributed import make_accelerator
+from rlhf.finite import refuse_non_finite
 from rlhf.losses import PairSide, pairwise_loss
 from rlhf.reward.config import RewardTrainConfig
 from rlhf.reward.model import RewardModel, load_reward_model, load_reward_tokenizer
@@ -301,6 +302,7 @@ def save_trained(run: PreparedRun, metrics: dict) -> tuple[RewardModel, Path | N
     config, accelerator = run.config, run.accelerator
     unwrapped = accelerator.unwrap_model(run.model)
     unwrapped.info["training"] = {"config": asdict(config), "metrics": metrics}
+    refuse_non_finite("the reward model", metrics, unwrapped.named_parameters())  # on every process: none saves
     if config.out_dir is None:
         return unwrapped, None
     path = Path(config.out_dir)

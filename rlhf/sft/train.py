@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from rlhf.finite import refuse_non_finite
 from rlhf.folders import written_atomically
 from rlhf.generate import encode_prompt, pad_sequences
 from rlhf.sft.config import SFTConfig
@@ -239,6 +240,7 @@ def save_sft_model(run: SFTRun, out_dir: Path) -> None:
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(run.model)
     unwrapped.config.use_cache = True
+    refuse_non_finite("the SFT model", named_tensors=unwrapped.named_parameters())  # on every process: none saves
     state_dict = accelerator.get_state_dict(run.model)
     if accelerator.is_main_process:
         save_model_atomically(unwrapped, run.tokenizer, out_dir, state_dict=state_dict)
