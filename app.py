@@ -34,6 +34,13 @@ COMMANDS = [
      "commands.round:demo_loop"),
     ("--report", "ROUND", "write the report of round ROUND as one HTML file: before/after answers, scores, votes, "
      "settings, seconds", "commands.report:report"),
+    ("--prune", None, "delete the checkpoint folders round.keep_policies does not keep, listing each with its size "
+     "and why it is kept (--dry-run: list only)", "commands.prune:prune"),
+    ("--backup", "DIR", "copy the database (--db) and every checkpoint folder it names into the new folder DIR, "
+     "with a manifest; safe while the app and a round run", "commands.backup:backup"),
+    ("--restore", "DIR", "put a --backup DIR back at --db (which must not exist), its checkpoints under "
+     "round.checkpoints_dir, the recorded paths rewritten; refused while the app or a round runs there",
+     "commands.backup:restore"),
     ("--show-config", None, "print the configuration every command would use here, as TOML",
      "commands.data:show_config"),
     ("--add-user", "NAME", "set NAME's password in the auth file (--auth FILE, default data/auth.txt) as a scrypt "
@@ -93,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     inputs.add_argument("--role", choices=["annotator", "admin"],
                         help="--add-user: also give NAME this role in the database (--db); --admin NAME instead "
                              "makes NAME admin each time the app starts")
+    inputs.add_argument("--dry-run", action="store_true",
+                        help="--prune: list what would be deleted and kept, and delete nothing")
     inputs.add_argument("--progress-lines", action="store_true",
                         help="--generate-pairs: print 'pairs-progress DONE TOTAL' lines (what the app reads)")
     add_config_flags(parser)

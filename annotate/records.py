@@ -46,6 +46,18 @@ class Policy:
     path: str
     parent_id: int | None
     created_at: str
+    pruned_at: str | None = None
+    """When its folder was deleted to bound the disk (round.keep_policies); None while it is there to load."""
+
+    @property
+    def pruned(self) -> bool:
+        return self.pruned_at is not None
+
+    def pruned_sentence(self) -> str:
+        """Why this pruned policy cannot be loaded, in a sentence that says what to do instead."""
+        return (f"policy {self.id} (round {self.round}) was pruned at {self.pruned_at} to bound the disk "
+                f"(round.keep_policies): its folder {self.path} is gone. Use a policy that is kept (python app.py "
+                "--prune --dry-run lists them), or raise round.keep_policies to keep more from now on.")
 
 
 @dataclass(frozen=True)

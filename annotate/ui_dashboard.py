@@ -17,6 +17,7 @@ import gradio as gr
 import pandas as pd
 
 from annotate import dashboard_panels as panels
+from annotate.disk import disk_line, named_checkpoints
 from annotate.people import PEOPLE_COLUMNS, people, people_rows
 from annotate.records import WinRate
 from annotate.plots import panels_html
@@ -35,6 +36,8 @@ class DashboardView:
     """What the tab shows, one field a component."""
 
     counts: str
+    disk: str
+    """The disk the loop uses: its checkpoint folder (policies, reward models) and the database."""
     headline: str
     across: str
     """HTML: the panels across rounds."""
@@ -67,6 +70,12 @@ class DashboardHandlers:
         return (f"**Prompts** {stats['prompts']} · **pairs** {stats['pairs']} · **waiting** {stats['pairs_waiting']}"
                 f" · **votes** {stats['votes']} · **preferences** (trainable pairs) {stats['preferences']}"
                 f" · **better answers written** {stats['demonstrations']}\n\nVotes by choice: {choices}")
+
+    def disk(self, policies, rounds) -> str:
+        """The Disk line (annotate.disk.disk_line) of the checkpoint folder the app was given, and the database."""
+        root = self.config.checkpoints_dir
+        checkpoints = named_checkpoints(policies, rounds, root) if root is not None else []
+        return disk_line(root, self.store.path, checkpoints)
 
     def agreement(self, report) -> tuple[str, pd.DataFrame]:
         rows = [(p.annotator_1, p.annotator_2, p.items, f"{p.percent:.0%}",
@@ -114,7 +123,8 @@ class DashboardHandlers:
         within_title, within = panels.within_round(rounds)
         report_round, report = self.report(report_round, win_rates) if with_report else (None, None)
         return DashboardView(
-            counts=self.counts_markdown(stats), headline=panels.headline(rounds, win_rates, policies),
+            counts=self.counts_markdown(stats), disk=self.disk(policies, rounds),
+            headline=panels.headline(rounds, win_rates, policies),
             across=panels_html(panels.across_rounds(rounds, win_rates, policies)), within_title=within_title,
             within=panels_html(within),
             rounds=pd.DataFrame(panels.rounds_rows(rounds, now=datetime.now().astimezone()),
@@ -147,7 +157,8 @@ def _table(columns: list[str], label: str, **extra) -> gr.Dataframe:
 
 def _layout() -> dict[str, gr.components.Component]:
     """The components, top to bottom, keyed by the DashboardView field each shows."""
-    parts = {"counts": gr.Markdown(elem_id="dashboard-counts"), "headline": gr.Markdown(elem_id="dashboard-headline"),
+    parts = {"counts": gr.Markdown(elem_id="dashboard-counts"), "disk": gr.Markdown(elem_id="dashboard-disk"),
+             "headline": gr.Markdown(elem_id="dashboard-headline"),
              "across": gr.HTML(elem_id="dashboard-across", js_on_load=None)}
     parts["within_title"] = gr.Markdown(elem_id="dashboard-within-title")
     parts["within"] = gr.HTML(elem_id="dashboard-within", js_on_load=None)

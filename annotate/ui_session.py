@@ -42,6 +42,9 @@ class AppConfig:
     """Longest prompt the Admin tab imports, in characters ([app] max_prompt_chars)."""
     max_answer_chars: int = MAX_ANSWER_CHARS
     """Longest better answer an annotator may write, in characters ([app] max_answer_chars)."""
+    checkpoints_dir: Path | None = None
+    """The database's checkpoint folder (<round.checkpoints_dir>/<db name>), whose size the Dashboard shows; None: the
+    database's size alone."""
     sessions: SessionTokens | None = None
     """Signs the cookie that keeps a browser signed in without an auth file; build_app makes one beside the database
     when None."""

@@ -28,7 +28,8 @@ from loop.children.pair_job import GenerationJob
 from loop.children.round_runner import RoundRunner
 from loop.config import LoopConfig
 from loop.config_files import config_as_toml, unset_overrides
-from loop.file_lock import FileLock, LockHeld
+from loop.file_lock import AppLock, FileLock, LockHeld
+from loop.round_plan import database_checkpoint_dir
 
 APP_PATH = Path(__file__).resolve().parents[1] / "app.py"
 AUTH_MESSAGE = ("rlhf-loop: sign in with the name and password your admin gave you. If you were signed in, the app "
@@ -89,7 +90,7 @@ def claim_database(db: str, host: str, port: int) -> FileLock:
     """The app's lock on its database (`<db>.app.lock`, holding its pid and port), taken after the port was found
     free and before anything else is written: one app per database, since each app keeps its reservations of pairs
     in its own memory. ServeError, saying what to do, when another app holds it or the port is not free."""
-    lock = FileLock(f"{db}.app.lock")
+    lock = AppLock(db)
     if lock.is_held():  # before the port: a second app on the default port is best told about the first app
         raise second_app_refusal(lock, db)
     check_port(host, port)
@@ -145,6 +146,7 @@ def launch_app(config: LoopConfig, passwords: dict[str, str] | None) -> int:
         guidelines_path=SHIPPED_GUIDELINES, admins=tuple(settings.admins), require_auth=passwords is not None,
         overlap=config.app.overlap, first_batch_pairs=settings.first_batch,
         max_prompt_chars=config.app.max_prompt_chars, max_answer_chars=config.app.max_answer_chars,
+        checkpoints_dir=database_checkpoint_dir(config.round.checkpoints_dir, config.app.db),
     )
     # Gradio recomputes a pandas summary of up to 10,000 recent events after every event (for its monitoring
     # page): with many votes that becomes the largest cost of a vote. Summarise once per 1000 events instead.

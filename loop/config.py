@@ -44,6 +44,10 @@ class RoundConfig:
     reward model keeps [ppo] as set. `--train-ppo` follows it too."""
     checkpoints_dir: str = "data/checkpoints"
     """Where reward models and policies of each round are saved, in a folder per database: <dir>/<db name>/round-N."""
+    keep_policies: int = ranged(3, at_least(0, "0: keep every policy"))
+    """Policies whose folders a finished round (and `--prune`) keeps beside the ones still needed: the last N, the best
+    by people's votes, the current one and its parent, and what the last finished or a resumable round reads
+    (loop.retention); the others' folders are deleted. 0: nothing is deleted."""
     seed: int = ranged(0, SEED)
     """Seed for prompt choice, pair making and training: round N seeds its reward model, its PPO ([ppo].seed is
     for --train-ppo) and its next pairs with seed + N. The held-out split follows the prompts, not the seed."""

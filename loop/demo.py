@@ -27,6 +27,7 @@ from loop.checks import RoundRefused, context_misfit
 from loop.config import LoopConfig, SimulateSettings
 from loop.judging import judged, oracle_reward, repeat_each, reward_model_means
 from loop.pair_request import PairBar, PairRequest
+from loop.retention import loadable_path
 
 EXIT_REFUSED = 3
 MAX_PAIR_CALLS = 4
@@ -247,7 +248,7 @@ def demo_round(store: Store, config: LoopConfig, annotator: DemoAnnotator, evalu
     except RoundRefused as error:
         print(f"demo round {round_number} of {sim.rounds} refused: {error}", file=sys.stderr)
         return None
-    new_path = store.policy(result.policy_id).path
+    new_path = loadable_path(store.policy(result.policy_id))
     row = demo_row(result, new_path, evaluation, config)
     row["seconds"] = round(time.perf_counter() - started, 1)
     store.update_round_metrics(result.round_id, judge_metrics(row, evaluation.first_score, annotator.spec))
@@ -262,7 +263,7 @@ def report_from_evaluation(store: Store, round_id: int, new_path: str, evaluatio
     from loop.report import make_round_report
 
     actor = store.policy(int(store.round(round_id).metrics[ROUND_ACTOR_POLICY_ID]))
-    answers = list(zip(evaluation.each, evaluation.answers(actor.path), evaluation.answers(new_path)))
+    answers = list(zip(evaluation.each, evaluation.answers(loadable_path(actor)), evaluation.answers(new_path)))
     make_round_report(store, round_id, config, answers=answers, log=_log)
 
 

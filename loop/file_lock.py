@@ -74,3 +74,11 @@ class FileLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class AppLock(FileLock):
+    """`<db>.app.lock`: held by the annotation app while it serves the database (loop.app_server), holding its pid
+    and port as JSON; rounds hold their own (loop.round_lock.RoundLock)."""
+
+    def __init__(self, db_path: str | Path):
+        super().__init__(f"{db_path}.app.lock")

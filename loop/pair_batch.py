@@ -49,6 +49,7 @@ def generate_pair_batch(config: LoopConfig, n_pairs: int, versus_share: float, p
     Returns an exit code: 0 done, 2 a problem the user can fix (said on stderr)."""
     from loop.pairs import queue_pairs
     from loop.policies import load_pair_judge, load_policy_model, pair_judge_path
+    from loop.retention import PolicyPruned, loadable_path
     from rlhf.models import ModelNotFoundError, needs_conversion
 
     sampling, votes, db = config.sampling, config.votes, config.app.db
@@ -71,14 +72,14 @@ def generate_pair_batch(config: LoopConfig, n_pairs: int, versus_share: float, p
         progress.stage("converting the default model from GGUF, once (about 30 s)" if needs_conversion(policy.path)
                        else "loading the model")
         try:
-            model = load_policy_model(policy.path)
+            model = load_policy_model(loadable_path(policy))
             if next(model.model.parameters()).device.type == "cpu":
                 progress = _SharingTheCpu(progress)
             progress.stage("generating")
             request = PairRequest(n_pairs, policy.id, versus_share=versus_share, sampling=sampling,
                                   seed=config.pairs.seed, batch_size=config.pairs.batch_size)
             report = queue_pairs(store, request, votes, judge=judge, model=model, progress=progress)
-        except ModelNotFoundError as error:
+        except (ModelNotFoundError, PolicyPruned) as error:
             print(f"app.py --generate-pairs: {error}", file=sys.stderr)
             return 2
         stats = report.stats

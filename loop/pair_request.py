@@ -109,10 +109,11 @@ class PairsReport:
 
 
 def earlier_policy(store, policy: Policy) -> Policy | None:
-    """The policy a `versus` pair compares `policy` with: its parent, else the latest policy of an earlier round."""
-    if policy.parent_id is not None:
-        return store.policy(policy.parent_id)
-    earlier = [p for p in store.policies() if p.round < policy.round]
+    """The policy a `versus` pair compares `policy` with: its parent, else (no parent, or its folder pruned:
+    loop.retention) the latest policy of an earlier round whose folder is kept."""
+    if policy.parent_id is not None and not (parent := store.policy(policy.parent_id)).pruned:
+        return parent
+    earlier = [p for p in store.policies() if p.round < policy.round and not p.pruned]
     return max(earlier, key=lambda p: (p.round, p.id)) if earlier else None
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from annotate.metrics import ROUND_REWARD_MODEL_PATH
+from loop.retention import loadable_path
 from rlhf.generate import generate_answers
 from rlhf.reward.strategies import HEADS_FILE, VotesConfig
 from rlhf.sampling import DEFAULT_BATCH_SIZE, Sampling
@@ -32,8 +33,9 @@ def load_policy_model(path: str) -> PolicyModel:
 
 
 def policy_model(store, policy_id: int, loaded: PolicyModel | None = None) -> PolicyModel:
-    """`loaded` when given, else policy `policy_id` loaded from its recorded path."""
-    return loaded if loaded is not None else load_policy_model(store.policy(policy_id).path)
+    """`loaded` when given, else policy `policy_id` loaded from its recorded path; loop.retention.PolicyPruned, with a
+    sentence, when its folder was pruned."""
+    return loaded if loaded is not None else load_policy_model(loadable_path(store.policy(policy_id)))
 
 
 def has_heads(path: str | None) -> bool:

@@ -121,11 +121,15 @@ def make_round_report(store: Store, round_id: int, config: LoopConfig,
 
     `answers`: (prompt, the actor's answer, the new policy's answer) to report, as the demo loop has them for its
     evaluation prompts; None draws round.report_prompts prompts PPO did not train on (`report_prompts`) and answers
-    them with both policies. Raises ReportRefused for an unknown round or one that saved no policy.
+    them with both policies. Raises ReportRefused for an unknown round, one that saved no policy, or, without
+    `answers`, one whose policies' folders were pruned (loop.retention).
     """
     round_, before_id, after_id = round_policies(store, round_id)
     before_path, after_path = store.policy(before_id).path, store.policy(after_id).path
     if answers is None:
+        for policy in (store.policy(before_id), store.policy(after_id)):
+            if policy.pruned:
+                raise ReportRefused(f"round {round_id}'s report cannot be made again: {policy.pruned_sentence()}")
         answers, source = sampled_answers(store, round_, config, (before_path, after_path), (before_id, after_id), log)
     else:
         source = f"{len(answers)} prompts given with both policies' answers (the demo loop's evaluation prompts)."

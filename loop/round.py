@@ -26,7 +26,7 @@ from annotate.store import Store
 from loop.checks import RoundRefused, check_accuracy
 from loop.config import LoopConfig, function_ppo_settings, ppo_settings, strategy_settings
 from loop.round_lock import RoundLock
-from loop.round_plan import Log, RoundPlan, plan_round
+from loop.round_plan import Log, RoundPlan, feature_cache_dir, plan_round
 from rlhf.distributed import broadcast_from_main, is_main_process, wait_for_everyone
 from rlhf.folders import replace_folder
 from rlhf.ppo.config import RewardFunction
@@ -156,7 +156,10 @@ def run_round(db_path: str | Path, base_model: str, config: LoopConfig, log: Log
 def _finish(run: RoundRun, policy_id: int, reward_path: str | None, exclude_prompts: frozenset[str],
             make_report: bool) -> None:
     """Step 6 and the round's end, on the main process: the next pairs (not again when the crashed round this one
-    goes on from had queued them), the report, the round's row marked done."""
+    goes on from had queued them), the report, the round's row marked done, then the checkpoints no rule keeps deleted
+    (loop.retention, round.keep_policies), the lock still held."""
+    from loop.retention import prune_after_round
+
     if not run.plan.reuse_pairs:
         run.record({ROUND_STAGE: "pairs"})
         made = run.timed("pairs", _pairs_stage, policy_id, reward_path, exclude_prompts)
@@ -165,6 +168,7 @@ def _finish(run: RoundRun, policy_id: int, reward_path: str | None, exclude_prom
         run.timed("report", _report_stage)
     run.record({ROUND_SECONDS.name: time.perf_counter() - run.started, ROUND_STAGE: "done"})
     run.store.finish_round(run.plan.round_id)
+    prune_after_round(run.store, run.config, run.plan.round_id, run.log)
 
 
 def _reward_stage(run: RoundRun, base_model: str) -> str:
@@ -188,7 +192,8 @@ def _reward_stage(run: RoundRun, base_model: str) -> str:
     log(f"Round {plan.round_id}: training the reward model ({strategy}) on {len(plan.preferences)} preference pairs "
         f"({plan.new_pairs} new){' from the last one' if strategy == 'full' and plan.reward_warm_start else ''}.")
     model = train_strategy(strategy, plan.preferences, plan.reference_path, strategy_config,
-                           on_progress=lambda m: record({RM_LIVE_PREFIX + k.split("/")[-1]: v for k, v in m.items()}))
+                           on_progress=lambda m: record({RM_LIVE_PREFIX + k.split("/")[-1]: v for k, v in m.items()}),
+                           feature_cache=feature_cache_dir(plan.out_dir))
     model.refuse_non_finite()  # on every process, before the main one saves: NaN weights are never published
     if run.is_main:
         model.save(staging)

@@ -148,11 +148,13 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
 
 def _actor_and_reference(store: Store, crashed: CrashedWork | None) -> tuple[Policy, str]:
     """(the policy PPO starts from, the reference's path): the latest and the first policy, or those the crashed
-    round recorded."""
+    round recorded; RoundRefused for an actor whose folder was pruned (a guard: loop.retention keeps both)."""
     actor, reference = store.latest_policy(), store.first_policy().path
     if crashed is not None and crashed.metrics.get(ROUND_ACTOR_POLICY_ID) is not None:
         actor = store.policy(int(crashed.metrics[ROUND_ACTOR_POLICY_ID]))
         reference = crashed.metrics.get(ROUND_REFERENCE, reference)
+    if actor.pruned:
+        raise RoundRefused(f"The round cannot start: {actor.pruned_sentence()}")
     return actor, reference
 
 
@@ -172,5 +174,18 @@ def round_checkpoint_dir(checkpoints_dir: str | Path, db_path: str | Path, round
     """`<checkpoints_dir>/<database name>/round-<id>`: round ids restart in every database, and a round replaces
     a folder of its own name (a crashed attempt), so two databases (a demo beside the real one) must never share one.
     """
+    return database_checkpoint_dir(checkpoints_dir, db_path) / f"round-{round_id}"
+
+
+def database_checkpoint_dir(checkpoints_dir: str | Path, db_path: str | Path) -> Path:
+    """`<checkpoints_dir>/<database name>`: the folder of one database's round folders (and its caches), the only one
+    loop.retention ever deletes in."""
     database = "memory" if str(db_path) == ":memory:" else Path(db_path).stem
-    return Path(checkpoints_dir) / database / f"round-{round_id}"
+    return Path(checkpoints_dir) / database
+
+
+def feature_cache_dir(round_dir: str | Path) -> Path:
+    """`<checkpoints_dir>/<database name>/features`, beside the round folders (`round_dir` is one): the reward stage's
+    cached features of every answer voted on (rlhf.reward.feature_cache), kept across rounds. A cache, safe to
+    delete: the next round computes them again."""
+    return Path(round_dir).parent / "features"

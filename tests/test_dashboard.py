@@ -123,6 +123,17 @@ def test_without_rounds_every_panel_says_so():
     assert dashboard_panels.NO_STEPS in view.within and view.headline.startswith("**No rounds yet.**")
 
 
+def test_the_disk_line_shows_the_checkpoint_folder_by_kind_and_the_database(demo_db):
+    root = demo_db.parent / "checkpoints" / "demo"  # <round.checkpoints_dir>/<db name>, as the app passes it
+    with Store(demo_db) as store:
+        view = DashboardHandlers(store, AppConfig(checkpoints_dir=root)).refresh()
+        without = DashboardHandlers(store, AppConfig()).refresh()
+    size = r"\d+(\.\d)? [kMGT]?B"
+    assert re.fullmatch(rf"Disk: checkpoints {size} \(1 policy, 1 reward model\) in {re.escape(str(root))}, "
+                        rf"database {size}", view.disk), view.disk
+    assert re.fullmatch(rf"Disk: database {size}", without.disk)
+
+
 def test_the_people_table_is_for_admins(demo_db):
     with Store(demo_db) as store:
         dashboard = DashboardHandlers(store, AppConfig(sessions=None))

@@ -2,7 +2,8 @@
 
 `Store` (core.py) keeps the connections and transactions and the annotation data; `RoundRecords` (rounds.py) and
 `Reports` (reports.py) are its rounds and its read-only views, mixed into the one class callers use;
-`StoreOpenError` (opening.py) is a database that could not be opened, said in words.
+`StoreOpenError` (opening.py) is a database that could not be opened, said in words; backup.py is the database's side
+of `--backup` and `--restore` (the online copy, and `rewrite_paths`, mixed in too).
 """
 
 from annotate.store.core import BUSY_TIMEOUT_S, RESERVE_SECONDS, Store

@@ -25,6 +25,7 @@ import sqlite_utils
 
 from annotate.identity import clean_name
 from annotate.store import sql as queries
+from annotate.store.backup import BackupRecords
 from annotate.store.opening import newer_schema, open_failure
 from annotate.store.reports import Reports
 from annotate.store.rounds import RoundRecords
@@ -49,7 +50,7 @@ def _name(annotator: str) -> str:
     return name
 
 
-class Store(VoteRecords, RoundRecords, Reports):
+class Store(VoteRecords, RoundRecords, Reports, BackupRecords):
     """Prompts, policies, generations, pairs, votes, demonstrations, rounds and annotators in one SQLite file."""
 
     def __init__(self, path: str | Path = ":memory:", reserve_seconds: float = RESERVE_SECONDS):
@@ -213,6 +214,14 @@ class Store(VoteRecords, RoundRecords, Reports):
 
     def policies(self) -> list[Policy]:
         return [Policy(**row) for row in self._rows("SELECT * FROM policies ORDER BY id")]
+
+    def mark_policy_pruned(self, policy_id: int) -> None:
+        """Record that the policy's folder is deleted (loop.retention), so that nothing loads it again; KeyError for an
+        unknown policy. A policy marked before keeps its first time."""
+        with self._write() as db:
+            if db.conn.execute("SELECT 1 FROM policies WHERE id = ?", (policy_id,)).fetchone() is None:
+                raise KeyError(f"no policy with id {policy_id}")
+            db.conn.execute(queries.MARK_POLICY_PRUNED, (now(), policy_id))
 
     def policy(self, policy_id: int) -> Policy:
         rows = self._rows("SELECT * FROM policies WHERE id = ?", (policy_id,))

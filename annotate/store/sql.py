@@ -201,6 +201,12 @@ def migration_8_round_reports(db: sqlite_utils.Database) -> None:
         report TEXT NOT NULL)""")
 
 
+def migration_9_policy_pruned_at(db: sqlite_utils.Database) -> None:
+    """When a policy's folder was deleted to bound the disk (loop.retention, round.keep_policies): the row stays, since
+    its answers, pairs and votes name it, but nothing loads it again. Older rows keep NULL: not pruned."""
+    db.conn.execute("ALTER TABLE policies ADD COLUMN pruned_at TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_1_initial_schema,
     migration_2_round_pid,
@@ -210,6 +216,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_6_pair_chosen_by,
     migration_7_vote_strength,
     migration_8_round_reports,
+    migration_9_policy_pruned_at,
 ]
 
 INSERT_PROMPT = "INSERT INTO prompts (text, source, created_at) VALUES (?, ?, ?) ON CONFLICT (text) DO NOTHING"
@@ -284,6 +291,8 @@ SELECT_VERSUS_TALLIES = """
     JOIN votes v ON v.pair_id = p.id
     WHERE p.kind = 'versus'
     GROUP BY ga.policy_id, gb.policy_id ORDER BY ga.policy_id, gb.policy_id"""
+
+MARK_POLICY_PRUNED = "UPDATE policies SET pruned_at = ? WHERE id = ? AND pruned_at IS NULL"
 
 UPSERT_ROUND_REPORT = """
     INSERT INTO round_reports (round_id, created_at, report) VALUES (?, ?, ?)

@@ -32,6 +32,7 @@ from rlhf.finite import refuse_non_finite
 from rlhf.losses import graded_terms, masked_mean
 from rlhf.reward import bt_head
 from rlhf.reward.config import STRATEGIES, StrategyConfig, VotesConfig
+from rlhf.reward.feature_cache import FeatureFile, text_key
 from rlhf.reward.data import (
     PairLike,
     PreferencePair,
@@ -92,31 +93,59 @@ def canonical_feature(feature: str, n_layers: int) -> str:
 
 
 class FeatureExtractor:
-    """Pooled hidden states of a frozen backbone for (prompt, answer) texts, each text pair computed once."""
+    """Pooled hidden states of a frozen backbone for (prompt, answer) texts, each text pair computed once: in memory,
+    and across rounds in `cache_folder` (rlhf.reward.feature_cache) when the backbone is a model folder's."""
 
-    def __init__(self, reward_model: RewardModel, tokenizer, batch_size: int = 16, max_length: int = 512):
+    def __init__(self, reward_model: RewardModel, tokenizer, batch_size: int = 16, max_length: int = 512,
+                 cache_folder: str | Path | None = None, model_path: str | Path | None = None):
         self.reward_model = reward_model.eval()
         self.reward_model.requires_grad_(False)
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.max_length = max_length
         self._cache: dict[tuple[str, str, str], torch.Tensor] = {}
+        self._files: dict[str, FeatureFile] = {}
+        self.cache_folder, self.model_path = cache_folder, model_path
+        self.computed = 0
+        """Texts whose features the backbone computed (the cost); `reused` were read from the cache folder."""
+        self.reused = 0
 
     @classmethod
-    def from_model(cls, model: str, batch_size: int = 16, max_length: int = 512) -> "FeatureExtractor":
-        """The backbone of a causal LM (base or policy) or of a saved reward model folder."""
+    def from_model(cls, model: str, batch_size: int = 16, max_length: int = 512,
+                   cache_folder: str | Path | None = None) -> "FeatureExtractor":
+        """The backbone of a causal LM (base or policy) or of a saved reward model folder; its features kept in
+        `cache_folder` between runs when given."""
         from rlhf.models import resolve_model_path
 
         path = resolve_model_path(model)
-        return cls(load_reward_model(None, path), load_reward_tokenizer(None, path), batch_size, max_length)
+        return cls(load_reward_model(None, path), load_reward_tokenizer(None, path), batch_size, max_length,
+                   cache_folder=cache_folder, model_path=path)
+
+    def _file(self, feature: str) -> FeatureFile | None:
+        if self.cache_folder is None or self.model_path is None:
+            return None
+        if feature not in self._files:
+            self._files[feature] = FeatureFile(self.cache_folder, self.model_path, feature, self.max_length)
+        return self._files[feature]
 
     def features(self, prompts: Sequence[str], answers: Sequence[str], feature: str) -> torch.Tensor:
-        """(N, D) float32 features of each prompt + answer."""
+        """(N, D) float32 features of each prompt + answer: from memory, then the cache folder, then the backbone."""
         keys = [(feature, p, a) for p, a in zip(prompts, answers)]
         missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
+        stored = self._file(feature)
+        if missing and stored is not None:
+            found = stored.get([text_key(k[1], k[2]) for k in missing])
+            for key in missing:
+                if (row := found.get(text_key(key[1], key[2]))) is not None:
+                    self._cache[key] = row
+            self.reused += len(found)
+            missing = [k for k in missing if k not in self._cache]
         if missing:
             computed = self.compute([k[1] for k in missing], [k[2] for k in missing], [feature])[feature]
             self._cache.update(zip(missing, computed))
+            self.computed += len(missing)
+            if stored is not None:
+                stored.add({text_key(k[1], k[2]): row for k, row in zip(missing, computed)})
         return torch.stack([self._cache[k] for k in keys])  # (N, D)
 
     @torch.inference_mode()
@@ -325,18 +354,21 @@ def scores_last_token(path: str | Path | None) -> bool:
 
 
 def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config: StrategyConfig | None = None,
-                   extractor: FeatureExtractor | None = None,
-                   on_progress: Callable[[dict], None] | None = None) -> TrainedPreferenceModel:
+                   extractor: FeatureExtractor | None = None, on_progress: Callable[[dict], None] | None = None,
+                   feature_cache: str | Path | None = None) -> TrainedPreferenceModel:
     """Train strategy `name` on the votes `pairs` from the frozen/initial model `base_model`; accuracy held out.
 
-    `extractor` reuses an already loaded backbone (and its feature cache) across calls; `on_progress` gets
-    train_reward_model's metrics ("full") or each LP-FT epoch's mean loss ("lpft").
+    `extractor` reuses an already loaded backbone (and its feature cache) across calls; `feature_cache`, a folder,
+    keeps the features between runs (a round's: only new answers are computed); `on_progress` gets
+    train_reward_model's metrics ("full") or each LP-FT epoch's mean loss ("lpft"). The metrics count the texts
+    whose features were computed (rm/features_computed) and read from the folder (rm/features_reused).
     """
     config = config or StrategyConfig()
     if name not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {name!r}")
     train, heldout = split_pairs(pairs, config.reward.heldout_fraction)
-    extractor = extractor or FeatureExtractor.from_model(base_model, config.batch_size, config.reward.max_length)
+    extractor = extractor or FeatureExtractor.from_model(base_model, config.batch_size, config.reward.max_length,
+                                                         cache_folder=feature_cache)
     feature = canonical_feature(config.votes.feature, extractor.reward_model.backbone.config.num_hidden_layers)
     prompts, chosen, rejected = _texts(train)
     fc = extractor.features(prompts, chosen, feature)  # (N, D)
@@ -364,4 +396,5 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
     if heldout:
         prompts, chosen, rejected = _texts(heldout)
         model.metrics["rm/heldout_disagreement"] = float(model.disagreement(prompts, chosen, rejected).mean())
+    model.metrics.update({"rm/features_computed": extractor.computed, "rm/features_reused": extractor.reused})
     return model
