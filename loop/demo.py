@@ -275,9 +275,10 @@ def judge_metrics(row: dict, first: dict, annotator: str) -> dict:
             DEMO_FIRST_JUDGE_SCORE.name: first["judge_score"]}
 
 
-def run_demo_loop(config: LoopConfig) -> int:
+def run_demo_loop(config: LoopConfig, on_round: Callable[[dict], None] | None = None) -> int:
     """simulate -> round, simulate.rounds times, on the database's prompts (the shipped ones on an empty database);
-    exit 0 when every round ran, 2 bad settings, 3 a round refused."""
+    exit 0 when every round ran, 2 bad settings, 3 a round refused. `on_round(row)` after each round (bench/soak.py
+    measures the disk there)."""
     sim = config.simulate
     if (problem := settings_problem(config)) is not None:
         print(f"error: {problem}", file=sys.stderr)
@@ -308,6 +309,8 @@ def run_demo_loop(config: LoopConfig) -> int:
             break
         rows.append(row)
         print(round_line(row, evaluation.first_score), flush=True)
+        if on_round is not None:
+            on_round(row)
     store.close()
     print(json.dumps({"reward": sim.reward, "eval_prompts": len(evaluation.prompts),
                       "eval_answers": sim.eval_answers, "first_judge_score": evaluation.first_score["judge_score"],
