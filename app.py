@@ -10,7 +10,8 @@ import argparse
 import importlib
 import sys
 
-# Each command: (flag, metavar or None, one-line help, "module:function" taking (args, config)).
+# Each command: (flag, metavar or None (a tuple: that many values), one-line help, "module:function" taking
+# (args, config)).
 COMMANDS = [
     ("--serve", None, "start the annotation app in the browser (the default when no command is given)",
      "commands.serve:serve"),
@@ -41,6 +42,9 @@ COMMANDS = [
     ("--restore", "DIR", "put a --backup DIR back at --db (which must not exist), its checkpoints under "
      "round.checkpoints_dir, the recorded paths rewritten; refused while the app or a round runs there",
      "commands.backup:restore"),
+    ("--merge", ("SOURCE", "OUT"), "merge a LoRA round's policy (SOURCE: its folder of adapters, or a policy id of "
+     "--db) into its base model, saved as a whole model in the new folder OUT (safetensors, tokenizer, "
+     "generation_config.json) that transformers loads alone, to publish it", "commands.merge:merge"),
     ("--show-config", None, "print the configuration every command would use here, as TOML",
      "commands.data:show_config"),
     ("--add-user", "NAME", "set NAME's password in the auth file (--auth FILE, default data/auth.txt) as a scrypt "
@@ -63,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  python app.py --import-prompts my.jsonl\n"
                "  python app.py --train-round            # one round headless (cron, a GPU box)\n"
                "  python app.py --show-config            # every setting, as TOML\n"
+               "  python app.py --merge data/checkpoints/loop/round-3/policy merged  # a LoRA policy, whole\n"
                "  python app.py --add-user ann --role admin  # a password for ann (then serve with --auth)\n"
                "  accelerate launch app.py --train-round # the same on several GPUs",
     )
@@ -70,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, metavar, help_text, _target in COMMANDS:
         if metavar is None:
             commands.add_argument(flag, action="store_true", help=help_text)
+        elif isinstance(metavar, tuple):
+            commands.add_argument(flag, nargs=len(metavar), metavar=metavar, help=help_text)
         elif flag == "--sft":
             commands.add_argument(flag, nargs="?", const="", metavar=metavar, help=help_text)
         else:

@@ -195,6 +195,25 @@ class RestoreResult:
                 f"{'FAILED' if self.integrity else 'ok'}.")
 
 
+LINKED_NAMES = (("adapter_config.json", "base_model_name_or_path"), ("preference_strategy.json", "base_model"))
+"""Files in a checkpoint folder that name another folder: the base of a policy's LoRA adapters, the base model of a
+reward model's features."""
+
+
+def relink_moved_folders(folders: list[Path], moved: dict[str, str]) -> None:
+    """In each restored folder, a LINKED_NAMES entry naming a folder that moved (`moved`: original -> restored)
+    names the restored one, so adapters load on their restored base."""
+    for folder in folders:
+        for name, key in LINKED_NAMES:
+            path = folder / name
+            if not path.is_file():
+                continue
+            content = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(content, dict) and content.get(key) in moved:
+                content[key] = moved[content[key]]
+                path.write_text(json.dumps(content, indent=2), encoding="utf-8")
+
+
 def restore(directory: str | Path, db: str | Path, checkpoints_dir: str | Path, log: Log = print) -> RestoreResult:
     """Restore the backup in `directory` (made by back_up) to the database `db`, its folders under `checkpoints_dir`;
     then mark the rounds it caught running failed, and check. BackupRefused (RestoreBusy while the app or a round
@@ -210,6 +229,7 @@ def restore(directory: str | Path, db: str | Path, checkpoints_dir: str | Path, 
             log(f"[{number}/{len(plan.folders)}] {source.relative_to(directory).as_posix()} -> {target}")
             with written_atomically(target) as staging:
                 shutil.copytree(source, staging, dirs_exist_ok=True)
+        relink_moved_folders([target for _source, target in plan.folders], plan.moved)
         place_database(directory / manifest["database"]["file"], db, log)
         with Store(db) as store:
             moved = store.rewrite_paths(plan.moved)

@@ -14,7 +14,8 @@ The rule, K = round.keep_policies (0 keeps everything). A policy past round 0 is
 - named by a round after the last finished one (running, or failed and resumable: loop.round_plan.crashed_work reads
   its actor, policy and reward model).
 A reward model or ceiling policy is kept when a round above names it (the last finished round's reward model is the
-next round's warm start and the judge of the next pairs) or when it was made with a kept policy. Every other named
+next round's warm start and the judge of the next pairs) or when it was made with a kept policy. A policy folder that
+a kept policy's LoRA adapters sit on (the policy LoRA was turned on after) is kept: they load on it. Every other named
 folder is deleted. report.html files, caches and leftovers of crashed rounds are never touched.
 """
 
@@ -33,6 +34,7 @@ from annotate.store import Store
 from loop.config import LoopConfig
 from loop.round_lock import RoundBusy, RoundLock
 from loop.round_plan import Log, database_checkpoint_dir
+from rlhf.model_names import adapter_base
 
 BEST_MIN_JUDGED = 10
 """Judged versus votes (wins, losses, ties) a policy needs before its win rate can make it the best one."""
@@ -121,9 +123,11 @@ def kept_reasons(policies: list[Policy], rounds: list[Round], win_rates: list[Wi
 
 
 def retention_plan(checkpoints: list[Checkpoint], policies: list[Policy], rounds: list[Round],
-                   win_rates: list[WinRate], keep_policies: int) -> list[Decision]:
+                   win_rates: list[WinRate], keep_policies: int,
+                   bases: dict[str, str] | None = None) -> list[Decision]:
     """Each checkpoint kept or deleted, with its reason, by the rule of the module's docstring (K = `keep_policies`;
-    0 keeps every one). A pruned policy whose folder is still there is deleted again."""
+    0 keeps every one). A pruned policy whose folder is still there is deleted again. `bases`: a policy folder of
+    LoRA adapters -> the folder they sit on (`adapter_bases`)."""
     if keep_policies <= 0:
         return [Decision(c, True, "round.keep_policies is 0: every checkpoint is kept") for c in checkpoints]
     kept_ids, kept_paths = kept_reasons(policies, rounds, win_rates, keep_policies)
@@ -146,7 +150,35 @@ def retention_plan(checkpoints: list[Checkpoint], policies: list[Policy], rounds
         else:
             decisions.append(Decision(checkpoint, False, "made with no kept policy, and no round that needs it names "
                                       "it"))
-    return decisions
+    return _keep_adapter_bases(decisions, bases or {})
+
+
+def _keep_adapter_bases(decisions: list[Decision], bases: dict[str, str]) -> list[Decision]:
+    """`decisions` with every folder that a kept policy's adapters sit on kept."""
+    needed: dict[str, list[int]] = {}
+    for decision in decisions:
+        if decision.keep and decision.checkpoint.path in bases:
+            needed.setdefault(bases[decision.checkpoint.path], []).extend(decision.checkpoint.policies)
+    kept = []
+    for decision in decisions:
+        users = sorted(set(needed.get(decision.checkpoint.path, ())))
+        if users and not decision.keep:
+            which = f"polic{'ies' if len(users) > 1 else 'y'} {', '.join(map(str, users))}"
+            decision = Decision(decision.checkpoint, True, f"the LoRA adapters of kept {which} sit on it: they load "
+                                "on it")
+        kept.append(decision)
+    return kept
+
+
+def adapter_bases(checkpoints: list[Checkpoint]) -> dict[str, str]:
+    """Each policy folder of LoRA adapters among `checkpoints` -> the folder its adapters sit on, as folder_key writes
+    it (read from its adapter_config.json)."""
+    bases = {}
+    for checkpoint in checkpoints:
+        base = adapter_base(checkpoint.path) if checkpoint.kind == POLICY else None
+        if base is not None:
+            bases[checkpoint.path] = folder_key(base)
+    return bases
 
 
 @dataclass
@@ -216,7 +248,7 @@ def prune_checkpoints(store: Store, config: LoopConfig, dry_run: bool = False) -
     holds the round lock (a round in progress is what this must never race)."""
     checkpoints = present_checkpoints(store, config)
     decisions = retention_plan(checkpoints, store.policies(), store.rounds(), store.versus_win_rates(),
-                               config.round.keep_policies)
+                               config.round.keep_policies, adapter_bases(checkpoints))
     report = PruneReport(decisions, {c.path: folder_bytes(c.path) for c in checkpoints}, dry_run=dry_run,
                          keep_policies=config.round.keep_policies)
     if not dry_run:

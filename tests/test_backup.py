@@ -21,7 +21,7 @@ from loop.backup import (COPIED, EMBEDDED, MISSING, MODEL_NAME, MANIFEST, backup
                          status_on_disk)
 from loop.config_files import load_config
 from loop.file_lock import AppLock
-from loop.restore import BackupRefused, restored_place
+from loop.restore import BackupRefused, relink_moved_folders, restored_place
 from loop.round import run_round
 from loop.round_lock import RoundLock
 from tests.test_round import seed_votes, tiny_settings
@@ -320,3 +320,14 @@ def test_a_backup_taken_while_a_round_runs_restores_and_the_next_round_goes_on(t
         assert reward == rounds[0].metrics["round/reward_model_path"]  # the backed-up reward model, reused
         assert Path(reward).is_relative_to(there)
         assert [p.round for p in restored.policies()] == [0, 1]
+
+
+def test_a_restored_folder_names_the_restored_places_of_the_folders_it_sits_on(tmp_path):
+    adapter, reward = tmp_path / "policy", tmp_path / "reward"
+    adapter.mkdir(), reward.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/old/round-1/policy", "r": 8}))
+    (reward / "preference_strategy.json").write_text(json.dumps({"base_model": "default", "strategy": "lpft"}))
+    relink_moved_folders([adapter, reward], {"/old/round-1/policy": "/new/round-1/policy"})
+    assert json.loads((adapter / "adapter_config.json").read_text()) == {
+        "base_model_name_or_path": "/new/round-1/policy", "r": 8}
+    assert json.loads((reward / "preference_strategy.json").read_text())["base_model"] == "default"  # not moved

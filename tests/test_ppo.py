@@ -309,13 +309,13 @@ def test_lora_ppo_learns_with_the_reference_held_once(peaked_model_dir, tokenize
     assert torch.allclose(reference[real], untouched[real], atol=1e-5)
     assert not torch.allclose(trained[real], untouched[real], atol=1e-3)
 
-    saved = trainer.save_actor(tmp_path / "merged")
-    assert (saved / "model.safetensors").is_file() and not (saved / "adapter_config.json").exists()
-    reloaded = load_causal_lm(saved).eval()
+    saved = trainer.save_actor(tmp_path / "adapters")  # the adapters alone (tests/test_lora_adapters.py)
+    assert (saved / "adapter_config.json").is_file() and not (saved / "model.safetensors").exists()
+    reloaded = load_causal_lm(saved).eval()  # the base with the adapters merged in
     with torch.inference_mode():
         merged = response_log_probs(reloaded, sequences, attention_mask, width, sampling=sampling)[0]
     assert torch.allclose(merged[real], trained[real], atol=1e-4)
-    assert hasattr(trainer.unwrapped_actor(), "disable_adapter")  # merging worked on a copy
+    assert hasattr(trainer.unwrapped_actor(), "disable_adapter")  # saving left the trained actor as it was
 
 
 def test_bf16_ppo_learns_with_the_first_ratio_still_exact(peaked_model_dir, tokenizer):

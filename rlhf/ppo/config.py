@@ -82,7 +82,9 @@ class PPOConfig:
     truncation_penalty: float = ranged(0.0, at_least(0, "0: off"))
     """Subtracted from the score of answers that hit max_new_tokens without EOS; 0 = off."""
     use_lora: bool = False
-    """Train LoRA adapters on actor and critic; the reference is the actor with adapters disabled."""
+    """Train LoRA adapters on actor and critic; the reference is the actor with adapters disabled. A policy is saved as
+    its adapters alone (peft's format, a few MB) on the base model, and the next LoRA round goes on training them there;
+    `python app.py --merge POLICY OUT` writes a whole model to publish."""
     lora_r: int = ranged(16, POSITIVE_COUNT)
     """LoRA rank."""
     lora_alpha: int = ranged(32, POSITIVE_COUNT)

@@ -1,4 +1,9 @@
-"""A whole PPO run from model folders (`train_ppo`), LoRA set-up, and `python app.py --train-ppo`."""
+"""A whole PPO run from model folders (`train_ppo`), LoRA set-up, and `python app.py --train-ppo`.
+
+LoRA rounds chain adapters on the base model: a policy saved by a LoRA run is a folder of adapters on the model they
+were first added to, and the next LoRA run goes on training those adapters on that same model (never fresh adapters on
+merged weights), so every policy is a few MB on one shared base.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,9 @@ from accelerate import Accelerator
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from rlhf.models import context_length, load_causal_lm, load_tokenizer, prompt_budget, tell_once
+from rlhf.models import (adapter_base_path, base_reference, context_length, is_adapter_folder, load_adapter_model,
+                         load_causal_lm, load_tokenizer, prepare_model_and_tokenizer, prompt_budget, resolve_model_path,
+                         tell_once)
 from rlhf.distributed import make_accelerator
 from rlhf.ppo.trainer import PPOConfig, PPOTrainer, RewardFunction
 from rlhf.reward.model import RewardModel
@@ -27,7 +34,8 @@ class PPOResult:
     history: list[dict]
     """Metrics of every step, in order (`ppo/*`, `time/*`, `gen/*`)."""
     saved_path: Path
-    """Folder of the new actor: a plain model (adapters merged) with its tokenizer."""
+    """Folder of the new actor with its tokenizer: its adapters alone in LoRA mode (peft's format, on the base model
+    adapter_config.json names), else the whole model."""
     config: dict = field(default_factory=dict)
     """The PPOConfig used, sampling settings included, to record with the round."""
 
@@ -54,6 +62,23 @@ def add_lora(model: nn.Module, config: PPOConfig, causal_lm: bool):
     )
     torch.manual_seed(config.seed)  # the adapters' random A matrices
     return get_peft_model(model, lora_config)
+
+
+def load_lora_actor(actor_path: str | Path, config: PPOConfig, tokenizer):
+    """(actor with adapters to train, the model they sit on) in LoRA mode: a folder of adapters goes on training those
+    adapters on their base (adapter_config.json's); any other folder gets fresh adapters, on itself."""
+    if is_adapter_folder(actor_path):
+        base = adapter_base_path(actor_path)
+        actor = load_adapter_model(actor_path, trainable=True)
+        prepare_model_and_tokenizer(actor, tokenizer, str(actor_path))
+        saved = actor.peft_config["default"]
+        if (saved.r, saved.lora_alpha) != (config.lora_r, config.lora_alpha):
+            tell_once(f"PPO: the adapters of {actor_path} keep their rank {saved.r} and alpha {saved.lora_alpha}; "
+                      "ppo.lora_r and ppo.lora_alpha apply to fresh adapters only.")
+        return actor, base
+    actor = add_lora(load_causal_lm(actor_path, tokenizer=tokenizer), config, causal_lm=True)
+    actor.peft_config["default"].base_model_name_or_path = base_reference(actor_path)  # what the saved folder names
+    return actor, actor_path
 
 
 def _same_model(a: str | Path, b: str | Path) -> bool:
@@ -87,8 +112,10 @@ def build_ppo_trainer(
     """The four models from folders: actor (and by default reference) from `actor_path`, frozen reward
     model and critic (by default) from `reward_model_path`, as DeepSpeed-Chat initialises the critic.
 
-    LoRA mode holds shared weights once: the reference is the actor with adapters disabled when it is the
-    same model, and the reward model is the critic with adapters disabled when the critic starts from it.
+    LoRA mode holds shared weights once: the reference is the actor with adapters disabled when it is the model the
+    adapters sit on, and the reward model is the critic with adapters disabled when the critic starts from it. An
+    actor folder of adapters (a LoRA policy) goes on training them on their base (`load_lora_actor`); without LoRA it
+    loads merged and trains in full.
     With a `reward_function` the answers are scored by it: the reward model is not loaded, the critic still starts
     from `reward_model_path`.
     """
@@ -96,17 +123,21 @@ def build_ppo_trainer(
     # Frozen models stay in fp32 under bf16 autocast, as the trained ones. Stored in bf16, a model's residual
     # stream is bf16 as well: the reference's log-probs then drift from the actor's at equal weights (KL -0.034
     # per answer against -0.0003, bench/bf16_accuracy.py) and CPU scoring was slower (3.7 s against 2.9 s a step).
-    same_reference = reference_path is None or _same_model(reference_path, actor_path)
     same_critic = critic_path is None or _same_model(critic_path, reward_model_path)
     tokenizer = load_tokenizer(actor_path)
     # trained: fp32 weights, bf16 autocast where the hardware has it
-    actor = load_causal_lm(actor_path, tokenizer=tokenizer)
+    if config.use_lora:
+        actor, base = load_lora_actor(actor_path, config, tokenizer)
+        # the reference by default is the actor as it starts: the adapters' base only when they are fresh
+        same_reference = _same_model(resolve_model_path(reference_path or actor_path), resolve_model_path(base))
+    else:
+        actor, same_reference = load_causal_lm(actor_path, tokenizer=tokenizer), False
     config = fit_prompt_length(config, actor.config)
     critic = RewardModel.from_pretrained(critic_path or reward_model_path)
     reference = reward_model = None
     if config.use_lora:
-        actor, critic = add_lora(actor, config, causal_lm=True), add_lora(critic, config, causal_lm=False)
-    if not (config.use_lora and same_reference):
+        critic = add_lora(critic, config, causal_lm=False)
+    if not same_reference:
         reference = load_causal_lm(reference_path or actor_path, dtype=torch.float32, tokenizer=tokenizer)
     if reward_function is None and not (config.use_lora and same_critic):
         reward_model = RewardModel.from_pretrained(reward_model_path, dtype=torch.float32)

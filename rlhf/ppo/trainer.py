@@ -7,7 +7,6 @@ All maths comes from `rlhf.losses`; this file only moves tensors between models 
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
 from pathlib import Path
@@ -332,27 +331,27 @@ class PPOTrainer:
         return history
 
     def save_actor(self, out_dir: str | Path) -> Path:
-        """Save the actor as a plain model folder (adapters merged into a copy) with the tokenizer (its chat template
-        included) and a generation_config.json of PPO's sampling settings alone (`policy_generation_config`)."""
+        """Save the actor with the tokenizer (its chat template included) and a generation_config.json of PPO's sampling
+        settings alone (`policy_generation_config`). A LoRA actor saves its adapters alone, in peft's format (a few MB;
+        adapter_config.json names the base model they sit on, and rlhf.models.load_causal_lm loads the folder merged);
+        any other the whole model."""
         out_dir = Path(out_dir)
         self.accelerator.wait_for_everyone()
         refuse_non_finite("the trained actor", named_tensors=self.unwrapped_actor().named_parameters())  # every process
         if self.accelerator.is_main_process:
             actor = self.unwrapped_actor()
-            if hasattr(actor, "merge_and_unload"):
-                actor = _merged_copy(actor)
             out_dir.mkdir(parents=True, exist_ok=True)
-            shipped = actor.generation_config
-            actor.generation_config = policy_generation_config(self.tokenizer, self.config.sampling, self.ends)
-            try:
+            generation_config = policy_generation_config(self.tokenizer, self.config.sampling, self.ends)
+            if hasattr(actor, "peft_config"):
                 actor.save_pretrained(out_dir, safe_serialization=True)
-            finally:
-                actor.generation_config = shipped
+                generation_config.save_pretrained(out_dir)
+            else:
+                shipped = actor.generation_config
+                actor.generation_config = generation_config
+                try:
+                    actor.save_pretrained(out_dir, safe_serialization=True)
+                finally:
+                    actor.generation_config = shipped
             self.tokenizer.save_pretrained(out_dir)
         self.accelerator.wait_for_everyone()
         return out_dir
-
-
-def _merged_copy(peft_model):
-    """The base model with the adapters folded into its weights, leaving the training model untouched."""
-    return copy.deepcopy(peft_model).merge_and_unload()
