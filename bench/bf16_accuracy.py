@@ -34,7 +34,7 @@ from rlhf.models import load_tokenizer, resolve_model_path
 from rlhf.ppo.train import build_ppo_trainer
 from rlhf.ppo.config import PPOConfig, rollout_sampling
 from rlhf.reward.model import RewardModel
-from rlhf.reward.strategies import parse_feature
+from rlhf.reward.features import parse_feature
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prompts import PROMPTS

@@ -2,7 +2,7 @@
 
 Answers: `n_per_prompt` samples of the model for every shipped prompt, appended to a JSONL cache batch by batch, so
 an interrupted run resumes where it stopped. Features: pooled hidden states of each (prompt, answer), one tensor
-file per model and pooling, computed under inference mode (see rlhf.reward.strategies.extract_features).
+file per model and pooling, computed under inference mode (see rlhf.reward.features.FeatureExtractor).
 
     python bench/curve_data.py --per-prompt 4 --max-new-tokens 96
 """

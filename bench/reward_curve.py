@@ -51,8 +51,8 @@ from rlhf.reward import bt_head
 from rlhf.reward.active import candidate_pairs, select_pairs
 from rlhf.reward.data import PreferencePair
 from rlhf.reward.model import RewardModel
+from rlhf.reward.features import FeatureExtractor
 from rlhf.reward.strategies import (
-    FeatureExtractor,
     StrategyConfig,
     VotesConfig,
     finetune_under_head,

@@ -31,7 +31,7 @@ import torch
 from annotate.simulate import resolve_judge, resolve_score
 from bench.machine import describe_machine, machine_line
 from bench.reward_curve import CurveData, accuracy, fit, load_features, pooled_answers, split
-from rlhf.reward.strategies import FeatureExtractor
+from rlhf.reward.features import FeatureExtractor
 
 
 def finetune_curve(data: CurveData, votes: list[int], labels: dict[int, bool], strategy: str,

@@ -25,7 +25,8 @@ from bench.curve_data import answers_cache_path, read_answers
 from bench.machine import describe_machine, machine_line
 from rlhf.reward.active import candidate_pairs
 from rlhf.reward.data import PreferencePair
-from rlhf.reward.strategies import FeatureExtractor, StrategyConfig, VotesConfig, train_strategy
+from rlhf.reward.features import FeatureExtractor
+from rlhf.reward.strategies import StrategyConfig, VotesConfig, train_strategy
 
 
 def main() -> int:

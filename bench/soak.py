@@ -1,10 +1,11 @@
 """Weeks of rounds in one run: the demo loop for many rounds on one database, and what each round costs and leaves.
 
-Per round: seconds by stage (reward model, PPO, next pairs), the reward stage's feature work (texts computed and
-read from the cache), the checkpoint folder's size and policy folders, the database's size, and the win rate
-against the first policy with its 95% interval. Ends with one JSON line holding `reward_seconds` (one number per
-round), `checkpoint_mb` (after the last round) and `win_rate` (per round). Settings come as --set section.key=value,
-as in app.py; the database and checkpoints go to a fresh folder (--out).
+Per round: seconds by stage (reward model, PPO, next pairs), the reward stage's work (texts whose features were
+computed and read from the cache; LP-FT's pairs x passes, incremental after round 1), the checkpoint folder's size and
+policy folders, the database's size, and the win rate against the first policy with its 95% interval. Ends with one
+JSON line holding `reward_seconds` (one number per round), `finetune_pairs` (the same), `checkpoint_mb` (after the
+last round) and `win_rate` (per round). Settings come as --set section.key=value, as in app.py; the database and
+checkpoints go to a fresh folder (--out).
 
     python bench/soak.py --rounds 10 --model default --set simulate.annotator=formal --set simulate.noise=0.25 \\
         --set simulate.votes=300
@@ -38,6 +39,9 @@ def round_figures(db: Path, checkpoints: Path, row: dict) -> dict:
                                       for stage in ("reward", "ppo", "pairs")},
             "features_computed": metrics.get("rm/features_computed"),
             "features_reused": metrics.get("rm/features_reused"), "policies_kept": policies,
+            "finetune_pairs": metrics.get("rm/finetune_pairs"), "new_votes": metrics.get("rm/n_new"),
+            "replayed_votes": metrics.get("rm/n_replay"), "preference_pairs": metrics.get("rm/n_train"),
+            "heldout_accuracy": metrics.get("rm/heldout_accuracy"),
             "checkpoint_mb": folder_bytes(checkpoints) / MB, "database_mb": database_bytes(db) / MB,
             "win_rate": row["win_rate"], "win_rate_low": row["win_rate_low"], "win_rate_high": row["win_rate_high"]}
 
@@ -45,7 +49,9 @@ def round_figures(db: Path, checkpoints: Path, row: dict) -> dict:
 def print_figures(figures: dict) -> None:
     seconds = " / ".join(f"{figures[f'{stage}_seconds'] or 0:.0f}" for stage in ("reward", "ppo", "pairs"))
     print(f"soak round {figures['round']}: seconds reward/PPO/pairs {seconds}; features computed "
-          f"{figures['features_computed']}, reused {figures['features_reused']}; checkpoints "
+          f"{figures['features_computed']}, reused {figures['features_reused']}; LP-FT pairs x passes "
+          f"{figures['finetune_pairs']} (new {figures['new_votes']}, replayed {figures['replayed_votes']}, of "
+          f"{figures['preference_pairs']}); checkpoints "
           f"{figures['checkpoint_mb']:.0f} MB ({figures['policies_kept']} policies), database "
           f"{figures['database_mb']:.1f} MB; win rate vs first {figures['win_rate']:.1%} "
           f"({figures['win_rate_low']:.1%}-{figures['win_rate_high']:.1%})", flush=True)
@@ -76,6 +82,7 @@ def main() -> int:
     code = run_demo_loop(config, on_round=measure)
     print(json.dumps({"bench": "soak", "model": args.model, "rounds": rows,
                       "reward_seconds": [r["reward_seconds"] for r in rows],
+                      "finetune_pairs": [r["finetune_pairs"] for r in rows],
                       "checkpoint_mb": rows[-1]["checkpoint_mb"] if rows else None,
                       "win_rate": [r["win_rate"] for r in rows], "keep_policies": config.round.keep_policies,
                       "machine": machine}))

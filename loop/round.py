@@ -194,6 +194,9 @@ def _reward_stage(run: RoundRun, base_model: str) -> str:
     model = train_strategy(strategy, plan.preferences, plan.reference_path, strategy_config,
                            on_progress=lambda m: record({RM_LIVE_PREFIX + k.split("/")[-1]: v for k, v in m.items()}),
                            feature_cache=feature_cache_dir(plan.out_dir))
+    if model.metrics.get("rm/incremental"):
+        log(f"Round {plan.round_id}: LP-FT went on from the last round's model on its {model.metrics['rm/n_new']} new "
+            f"and {model.metrics['rm/n_replay']} replayed votes (votes.incremental).")
     model.refuse_non_finite()  # on every process, before the main one saves: NaN weights are never published
     if run.is_main:
         model.save(staging)

@@ -10,7 +10,7 @@ from annotate.store import Store
 from loop.config_files import load_config
 from loop.round import run_round
 from rlhf.reward.feature_cache import FeatureFile, model_fingerprint, text_key
-from rlhf.reward.strategies import FeatureExtractor
+from rlhf.reward.features import FeatureExtractor
 from tests.test_round import seed_votes, tiny_settings
 
 PROMPTS = ["What is a river?", "Name a colour.", "Say hello."]

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from rlhf.reward.data import PreferencePair, TokenizedPair, pad_pair_rows
 from rlhf.reward.lpft import FinetuneSettings, finetune_top_layers
 from rlhf.reward.model import RewardModel
+from rlhf.reward.features import FeatureExtractor
 from rlhf.reward.strategies import (
-    FeatureExtractor,
     StrategyConfig,
     TrainedPreferenceModel,
     VotesConfig,

@@ -9,12 +9,11 @@ from rlhf.reward import bt_head
 from rlhf.reward.data import PreferencePair
 from rlhf.reward.model import RewardModel
 from rlhf.reward.train import RewardTrainConfig
+from rlhf.reward.features import FeatureExtractor, canonical_feature
 from rlhf.reward.strategies import (
-    FeatureExtractor,
     StrategyConfig,
     TrainedPreferenceModel,
     VotesConfig,
-    canonical_feature,
     fit_feature_heads,
     pad_answers,
     score_with_reward_model,
@@ -167,6 +166,21 @@ def test_mean_pooling_averages_the_answer_tokens_only(tiny_model_dir):
     n_prompt = len(tokenized.prompt_ids)
     torch.testing.assert_close(features["mean@1"][0], hidden[n_prompt:].mean(0), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(features["last@1"][0], hidden[-1], rtol=1e-4, atol=1e-5)
+
+
+def test_an_inner_feature_runs_only_the_layers_it_reads_and_equals_the_whole_forward(tiny_model_dir):
+    extractor = FeatureExtractor.from_model(str(tiny_model_dir))
+    layers = extractor.reward_model.backbone.layers
+    calls = [0] * len(layers)
+    for index, layer in enumerate(layers):
+        layer.register_forward_hook(lambda *_, i=index: calls.__setitem__(i, calls[i] + 1))
+    prompts, answers = ["Hi", "Tell me more about it"], ["Fine.", "It is a long story, really."]
+    inner = extractor.compute(prompts, answers, ["mean@1", "last@1"])
+    assert calls == [1] + [0] * (len(layers) - 1)  # one batch through layer 0 alone
+    whole = extractor.compute(prompts, answers, ["mean@1", "last@1", "last@-1"])  # the final output: every layer
+    assert calls == [2] + [1] * (len(layers) - 1)
+    for feature in ("mean@1", "last@1"):
+        torch.testing.assert_close(inner[feature], whole[feature], rtol=1e-5, atol=1e-6)
 
 
 def test_wilson_interval_matches_the_hand_computation():

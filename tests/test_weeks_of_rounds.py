@@ -1,5 +1,6 @@
-"""Six rounds of the tiny model (issue #33): after round 3, the reward stage's feature work and the checkpoint folder
-stay flat. Counts, not clocks: the texts whose features a round computed, and the policy folders on disk."""
+"""Six rounds of the tiny model (issue #33): after round 3, the reward stage's feature work, its fine-tuning and the
+checkpoint folder stay flat. Counts, not clocks: the texts whose features a round computed, the pairs LP-FT trained on
+(times its passes), and the policy folders on disk."""
 
 from pathlib import Path
 
@@ -20,16 +21,18 @@ def test_six_rounds_compute_features_only_for_new_answers_and_keep_a_bounded_fol
     db = tmp_path / "weeks.db"
     seed_votes(db, tiny_model_dir)
     config = load_config(None, tiny_settings(tmp_path) + ["round.min_new_pairs=1", "round.keep_policies=2",
-                                                          "round.report_prompts=0", "round.next_pairs=8"],
+                                                          "round.report_prompts=0", "round.next_pairs=8",
+                                                          "votes.strategy=lpft"],
                          default_file=None)
     root = tmp_path / "checkpoints" / "weeks"
-    computed, new_texts, folders = [], [], []
+    computed, new_texts, folders, finetuned = [], [], [], []
     seen: set[tuple[str, str]] = set()
     for number in range(ROUNDS):
         with Store(db) as store:
             texts = _texts(store.preferences())
         result = run_round(db, str(tiny_model_dir), config, log=lambda message: None)
         computed.append(result.metrics["rm/features_computed"])
+        finetuned.append({k: result.metrics.get(f"rm/{k}") for k in ("finetune_pairs", "n_new", "n_replay", "n_train")})
         new_texts.append(len(texts - seen))
         seen |= texts
         folders.append(len(list(root.glob("round-*/policy"))))
@@ -38,6 +41,12 @@ def test_six_rounds_compute_features_only_for_new_answers_and_keep_a_bounded_fol
 
     assert computed == new_texts  # each round paid for its new answers only, never for the earlier votes again
     assert computed[-1] < len(seen) - new_texts[-1]  # the last round alone would have recomputed more than this
+    votes = config.votes
+    assert finetuned[0]["n_new"] is None  # round 1: LP-FT from the probe on every vote
+    for row in finetuned[1:]:  # later rounds: the new votes and at most as many replayed, a few passes
+        assert row["finetune_pairs"] == (row["n_new"] + row["n_replay"]) * votes.incremental_epochs
+        assert row["n_replay"] == min(round(votes.replay_share * row["n_new"]), row["n_train"] - row["n_new"])
+    assert finetuned[-1]["finetune_pairs"] < finetuned[-1]["n_train"] * votes.finetune_epochs  # a full retrain's
     assert max(folders[2:]) <= 3 and folders[2:] == [folders[2]] * (ROUNDS - 2)  # K=2, at most the best beside
     with Store(db) as store:
         assert [r.status for r in store.rounds()] == ["done"] * ROUNDS

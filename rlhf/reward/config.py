@@ -103,6 +103,14 @@ class VotesConfig:
     """LP-FT: passes over the votes."""
     finetune_layers: int = ranged(1, POSITIVE_COUNT)
     """LP-FT: decoder layers fine-tuned, the last ones the feature reads."""
+    incremental: bool = True
+    """LP-FT continues from the last round's LP-FT model (same feature and base model) on the votes it has not trained
+    on plus `replay_share` as many earlier ones, for `incremental_epochs` passes, so a round costs what its new votes
+    cost; false: every round fine-tunes again from the probe on every vote (docs/few-votes.md, "Incremental rounds")."""
+    replay_share: float = ranged(1.0, at_least(0))
+    """Incremental LP-FT: earlier votes replayed per new vote (drawn at random each round; 0: the new votes alone)."""
+    incremental_epochs: int = ranged(3, POSITIVE_COUNT)
+    """Incremental LP-FT: passes over the new and replayed votes."""
     feature: str = DEFAULT_FEATURE
     """Frozen feature of the head strategies, "pooling@layer" (every one exports as the RewardModel PPO uses)."""
     n_heads: int = ranged(8, at_least(0, "0: the cross-validated head alone"))

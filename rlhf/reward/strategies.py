@@ -27,12 +27,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from rlhf.decode import position_ids_from_mask
 from rlhf.finite import refuse_non_finite
-from rlhf.losses import graded_terms, masked_mean
+from rlhf.losses import graded_terms
 from rlhf.reward import bt_head
 from rlhf.reward.config import STRATEGIES, StrategyConfig, VotesConfig
-from rlhf.reward.feature_cache import FeatureFile, text_key
+from rlhf.reward.features import FeatureExtractor, canonical_feature, parse_feature
 from rlhf.reward.data import (
     PairLike,
     PreferencePair,
@@ -43,10 +42,10 @@ from rlhf.reward.data import (
     tokenize_pairs,
 )
 from rlhf.reward.lpft import FinetuneSettings, finetune_top_layers
+from rlhf.reward.incremental import pair_key, read_trained_pairs, replay_batch, write_trained_pairs
 from rlhf.reward.model import (
     MARKER_FILE,
     RewardModel,
-    load_reward_model,
     load_reward_tokenizer,
 )
 from rlhf.reward.train import train_reward_model
@@ -70,118 +69,6 @@ def choose_strategy(n_votes: int, config: VotesConfig) -> str:
     return "lpft" if n_votes >= config.lpft_from_votes else "head"
 
 
-def parse_feature(feature: str) -> tuple[str, int]:
-    """"mean@-1" -> ("mean", -1); pooling is "last" or "mean", the layer an index into hidden_states."""
-    pooling, _, layer = feature.partition("@")
-    if pooling not in ("last", "mean") or not layer.lstrip("-").isdigit():
-        raise ValueError(f"feature must look like 'last@-1' or 'mean@12' (pooling@layer), not {feature!r}")
-    return pooling, int(layer)
-
-
-def canonical_feature(feature: str, n_layers: int) -> str:
-    """The feature with its layer as RewardModel's `layer` reads it: 0 <= L < n_layers, or -1 for the final output.
-
-    hidden_states has n_layers + 1 entries and its last one is the final norm's output, so "mean@30" of a 30-layer
-    decoder is "mean@-1", and "mean@-2" is "mean@29". A layer past a shallow model's last (the default feature on
-    a model smaller than the one it was measured on) reads its final output.
-    """
-    pooling, layer = parse_feature(feature)
-    if layer < -(n_layers + 1):
-        raise ValueError(f"feature {feature!r}: this model has hidden states 0..{n_layers} (or -1 for the last)")
-    layer = min(layer, n_layers) % (n_layers + 1)
-    return f"{pooling}@{-1 if layer == n_layers else layer}"
-
-
-class FeatureExtractor:
-    """Pooled hidden states of a frozen backbone for (prompt, answer) texts, each text pair computed once: in memory,
-    and across rounds in `cache_folder` (rlhf.reward.feature_cache) when the backbone is a model folder's."""
-
-    def __init__(self, reward_model: RewardModel, tokenizer, batch_size: int = 16, max_length: int = 512,
-                 cache_folder: str | Path | None = None, model_path: str | Path | None = None):
-        self.reward_model = reward_model.eval()
-        self.reward_model.requires_grad_(False)
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.max_length = max_length
-        self._cache: dict[tuple[str, str, str], torch.Tensor] = {}
-        self._files: dict[str, FeatureFile] = {}
-        self.cache_folder, self.model_path = cache_folder, model_path
-        self.computed = 0
-        """Texts whose features the backbone computed (the cost); `reused` were read from the cache folder."""
-        self.reused = 0
-
-    @classmethod
-    def from_model(cls, model: str, batch_size: int = 16, max_length: int = 512,
-                   cache_folder: str | Path | None = None) -> "FeatureExtractor":
-        """The backbone of a causal LM (base or policy) or of a saved reward model folder; its features kept in
-        `cache_folder` between runs when given."""
-        from rlhf.models import resolve_model_path
-
-        path = resolve_model_path(model)
-        return cls(load_reward_model(None, path), load_reward_tokenizer(None, path), batch_size, max_length,
-                   cache_folder=cache_folder, model_path=path)
-
-    def _file(self, feature: str) -> FeatureFile | None:
-        if self.cache_folder is None or self.model_path is None:
-            return None
-        if feature not in self._files:
-            self._files[feature] = FeatureFile(self.cache_folder, self.model_path, feature, self.max_length)
-        return self._files[feature]
-
-    def features(self, prompts: Sequence[str], answers: Sequence[str], feature: str) -> torch.Tensor:
-        """(N, D) float32 features of each prompt + answer: from memory, then the cache folder, then the backbone."""
-        keys = [(feature, p, a) for p, a in zip(prompts, answers)]
-        missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
-        stored = self._file(feature)
-        if missing and stored is not None:
-            found = stored.get([text_key(k[1], k[2]) for k in missing])
-            for key in missing:
-                if (row := found.get(text_key(key[1], key[2]))) is not None:
-                    self._cache[key] = row
-            self.reused += len(found)
-            missing = [k for k in missing if k not in self._cache]
-        if missing:
-            computed = self.compute([k[1] for k in missing], [k[2] for k in missing], [feature])[feature]
-            self._cache.update(zip(missing, computed))
-            self.computed += len(missing)
-            if stored is not None:
-                stored.add({text_key(k[1], k[2]): row for k, row in zip(missing, computed)})
-        return torch.stack([self._cache[k] for k in keys])  # (N, D)
-
-    @torch.inference_mode()
-    def compute(self, prompts: Sequence[str], answers: Sequence[str], features: Sequence[str]) -> dict:
-        """{feature: (N, D)} for several features from one pass per batch (uncached: the bench stores its own)."""
-        n_layers = self.reward_model.backbone.config.num_hidden_layers
-        specs = {f: parse_feature(canonical_feature(f, n_layers)) for f in features}
-        inner = any(layer != -1 for _, layer in specs.values())
-        tokenized = tokenize_pairs(self.tokenizer, [PreferencePair(p, a, a) for p, a in zip(prompts, answers)],
-                                   self.max_length)
-        order = sorted(range(len(tokenized)), key=lambda i: len(tokenized[i].chosen_ids))  # little padding a batch
-        out = {f: [None] * len(tokenized) for f in features}
-        device = next(self.reward_model.parameters()).device
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
-            ids, mask, answer_mask = pad_pair_rows([tokenized[i] for i in batch], self.tokenizer.pad_token_id,
-                                                   answers=("chosen",))  # the answer is each pair's chosen one
-            ids, mask = ids.to(device), mask.to(device)  # (B, L) right-padded; answer_mask stays on the CPU
-            output = self.reward_model.backbone(
-                input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                output_hidden_states=inner, use_cache=False,
-            )  # hidden_states: tuple of (B, L, D), embeddings first, the final output last
-            last = mask.sum(1) - 1  # (B,) last real token (right padding)
-            for name, (pooling, layer) in specs.items():
-                # the final output from last_hidden_state: a truncated decoder (a saved mean@L model) has no
-                # inner layer to capture, its output is hidden_states[L] of the whole model
-                hidden = (output.last_hidden_state if layer == -1 else output.hidden_states[layer]).float().cpu()
-                if pooling == "last":
-                    pooled = hidden[torch.arange(len(batch)), last.cpu()]  # (B, D)
-                else:
-                    pooled = masked_mean(hidden, answer_mask.unsqueeze(-1), dim=1)  # (B, D)
-                for r, i in enumerate(batch):
-                    out[name][i] = pooled[r].clone()
-        return {name: torch.stack(values) for name, values in out.items()}  # (N, D) each
-
-
 def _texts(pairs: Sequence[PairLike]) -> tuple[list[str], list[str], list[str]]:
     return [p.prompt for p in pairs], [p.chosen for p in pairs], [p.rejected for p in pairs]
 
@@ -202,6 +89,9 @@ class TrainedPreferenceModel:
     rm/n_train, rm/n_heldout (and rm/n_heldout_<source>), rm/lambda, rm/accuracy, ..."""
     reward_model: RewardModel | None = None
     """The fine-tuned model of "full" and "lpft"."""
+    trained_pairs: list[str] = field(default_factory=list)
+    """Keys (rlhf.reward.incremental.pair_key) of the votes it trained on: where the next round's incremental LP-FT
+    starts counting new votes."""
 
     @property
     def heldout_accuracy(self) -> float | None:
@@ -247,6 +137,7 @@ class TrainedPreferenceModel:
         model = self.reward_model if self.reward_model is not None else self.as_reward_model()
         path = model.save_pretrained(path, tokenizer=self.extractor.tokenizer)
         save_file({"heads": self.heads.float().contiguous()}, str(path / HEADS_FILE))
+        write_trained_pairs(path, self.trained_pairs)
         base = self.extractor.reward_model.info.get("base_model")
         (path / STRATEGY_FILE).write_text(json.dumps({"strategy": self.strategy, "feature": self.feature,
                                                       "base_model": base, "metrics": self.metrics},
@@ -335,6 +226,39 @@ def finetune_under_head(extractor: FeatureExtractor, feature: str, weight: torch
                                FinetuneSettings.from_config(config), on_epoch=on_epoch)
 
 
+def incremental_start(config: StrategyConfig, base_model: str | None, feature: str) -> str | None:
+    """The last round's LP-FT folder (config.reward.warm_start) to continue from, or None: votes.incremental off, no
+    warm start, or one of another strategy, feature or base model, or saved without its trained pairs."""
+    warm_start = config.reward.warm_start
+    if not (config.votes.incremental and warm_start) or saved_strategy(warm_start) != "lpft":
+        return None
+    saved = json.loads((Path(warm_start) / STRATEGY_FILE).read_text(encoding="utf-8"))
+    if saved.get("feature") != feature or str(saved.get("base_model")) != str(base_model):
+        return None
+    return warm_start if read_trained_pairs(warm_start) is not None else None
+
+
+def continue_finetuning(warm_start: str, extractor: FeatureExtractor, train: Sequence[PairLike],
+                        strengths: torch.Tensor, config: StrategyConfig,
+                        on_epoch: Callable[[int, float, RewardModel], None] | None = None) -> tuple[RewardModel, dict]:
+    """Incremental LP-FT: the LP-FT model at `warm_start` fine-tuned further (its top votes.finetune_layers layers,
+    its head kept) on the votes of `train` it has not trained on plus a replay share of the others
+    (rlhf.reward.incremental.replay_batch), votes.incremental_epochs passes. Returns the model and its metrics:
+    rm/incremental, rm/n_new, rm/n_replay, rm/finetune_pairs (pairs x passes: the stage's cost)."""
+    batch = replay_batch(train, read_trained_pairs(warm_start), config.votes.replay_share, config.seed)
+    counts = {"rm/incremental": True, "rm/n_new": len(batch.new), "rm/n_replay": len(batch.replay),
+              "rm/incremental_from": warm_start}
+    warm = RewardModel.from_pretrained(warm_start)
+    if not batch.new:  # nothing new to learn from: the last round's model as it is
+        return warm.float().eval().requires_grad_(False), {**counts, "rm/finetune_pairs": 0}
+    margins, weights = graded_terms(strengths[batch.positions], config.votes.graded, config.votes.much_margin,
+                                    config.votes.much_weight)  # (n,) each
+    settings = replace(FinetuneSettings.from_config(config), epochs=config.votes.incremental_epochs)
+    tuned = finetune_top_layers(warm, extractor.tokenizer, [train[i] for i in batch.positions], margins, weights,
+                                settings, on_epoch=on_epoch)
+    return tuned, {**counts, "rm/finetune_pairs": len(batch.positions) * settings.epochs}
+
+
 def saved_strategy(path: str | Path) -> str | None:
     """The strategy that trained the reward model folder at `path` (one of STRATEGIES); None when the folder
     was not written by TrainedPreferenceModel.save (a reward model trained by `--train-reward`, say)."""
@@ -381,7 +305,13 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
             if on_progress is not None:
                 on_progress({"rm/finetune_epoch": epoch, "rm/finetune_loss": loss})
 
-        reward_model = finetune_under_head(extractor, feature, weight, train, strengths, config, on_epoch=report)
+        warm_start = incremental_start(config, extractor.reward_model.info.get("base_model"), feature)
+        if warm_start is None:
+            reward_model = finetune_under_head(extractor, feature, weight, train, strengths, config, on_epoch=report)
+            metrics["rm/finetune_pairs"] = len(train) * config.votes.finetune_epochs
+        else:
+            reward_model, continued = continue_finetuning(warm_start, extractor, train, strengths, config, report)
+            metrics.update(continued)
         weight = None
     if name == "full":
         warm_start = config.reward.warm_start if scores_last_token(config.reward.warm_start) else None
@@ -390,7 +320,8 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
         result = train_reward_model(list(train), reward_config, on_progress=on_progress)
         reward_model, weight = result.model, None
         metrics = {**result.metrics, "rm/lambda": metrics["rm/lambda"]}
-    model = TrainedPreferenceModel(name, extractor, feature, weight, heads, reward_model=reward_model)
+    model = TrainedPreferenceModel(name, extractor, feature, weight, heads, reward_model=reward_model,
+                                   trained_pairs=[pair_key(pair) for pair in train])
     model.metrics = {**metrics, "rm/strategy": name, "rm/feature": feature, "rm/n_train": len(train),
                      **heldout_accuracies(heldout, model.ranks_right(heldout) if heldout else [])}
     if heldout:
