@@ -49,6 +49,9 @@ RM_HELDOUT_N = Metric("rm/n_heldout_sample", "random sample pairs held out", "{:
 RM_TRAIN_ACCURACY = Metric("rm/accuracy", "training accuracy (the pairs it trained on)", "{:.1%}")
 RM_N_TRAIN = Metric("rm/n_train", "pairs trained on", "{:.0f}")
 RM_N_HELDOUT = Metric("rm/n_heldout", "pairs held out, every kind", "{:.0f}")
+RM_INCREMENTAL = Metric("rm/incremental", "LP-FT went on from the last round's reward model")
+RM_N_NEW = Metric("rm/n_new", "votes the last round's reward model had not trained on", "{:.0f}")
+RM_N_REPLAY = Metric("rm/n_replay", "earlier votes replayed with them", "{:.0f}")
 RM_PREFIX = "rm/"
 RM_LIVE_PREFIX = "rm/live_"
 """The reward stage's progress while it runs (rm/live_loss, rm/live_step...): not kept once the model is trained."""

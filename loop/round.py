@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable
 
 from annotate.metrics import (ACTIVE_CANDIDATE_ANSWERS, ACTIVE_UNCERTAIN, HISTORY, PPO_PREFIX,
-                              RM_LIVE_PREFIX, RM_PREFIX, ROUND_ACTIVE_CANDIDATE_ANSWERS, ROUND_ACTIVE_SHARE,
+                              RM_INCREMENTAL, RM_LIVE_PREFIX, RM_N_NEW, RM_N_REPLAY, RM_PREFIX,
+                              ROUND_ACTIVE_CANDIDATE_ANSWERS, ROUND_ACTIVE_SHARE,
                               ROUND_CEILING_POLICY_PATH, ROUND_NORMALIZE_REWARDS, ROUND_PAIRS_GENERATED,
                               ROUND_POLICY_ID, ROUND_POLICY_PATH, ROUND_PPO_LAM, ROUND_PPO_REWARD, ROUND_PPO_SEED,
                               ROUND_RESUMED_FROM, ROUND_RESUMED_POLICY, ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY,
@@ -194,9 +195,9 @@ def _reward_stage(run: RoundRun, base_model: str) -> str:
     model = train_strategy(strategy, plan.preferences, plan.reference_path, strategy_config,
                            on_progress=lambda m: record({RM_LIVE_PREFIX + k.split("/")[-1]: v for k, v in m.items()}),
                            feature_cache=feature_cache_dir(plan.out_dir))
-    if model.metrics.get("rm/incremental"):
-        log(f"Round {plan.round_id}: LP-FT went on from the last round's model on its {model.metrics['rm/n_new']} new "
-            f"and {model.metrics['rm/n_replay']} replayed votes (votes.incremental).")
+    if model.metrics.get(RM_INCREMENTAL.name):
+        log(f"Round {plan.round_id}: LP-FT went on from the last round's model on its {model.metrics[RM_N_NEW.name]} "
+            f"new and {model.metrics[RM_N_REPLAY.name]} replayed votes (votes.incremental).")
     model.refuse_non_finite()  # on every process, before the main one saves: NaN weights are never published
     if run.is_main:
         model.save(staging)

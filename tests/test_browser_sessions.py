@@ -55,7 +55,7 @@ def votes(db) -> list[tuple[int, str]]:
         return conn.execute("SELECT pair_id, annotator FROM votes ORDER BY id").fetchall()
 
 
-def wait_for_text(page, selector: str, text: str, timeout: int = 15_000) -> None:
+def wait_for_text(page, selector: str, text: str, timeout: int = 30_000) -> None:
     page.wait_for_function("([selector, text]) => { const el = document.querySelector(selector);"
                            " return el && el.innerText.includes(text); }", arg=[selector, text], timeout=timeout)
 
