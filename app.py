@@ -42,6 +42,10 @@ COMMANDS = [
     ("--restore", "DIR", "put a --backup DIR back at --db (which must not exist), its checkpoints under "
      "round.checkpoints_dir, the recorded paths rewritten; refused while the app or a round runs there",
      "commands.backup:restore"),
+    ("--policies", None, "list the policies of --db: round, parent, promoted or a candidate and why (the current "
+     "one starred)", "commands.promotion:list_policies"),
+    ("--promotion", ("POLICY", "ACTION"), "an admin's decision on policy POLICY: promote or reject it whatever the "
+     "evidence, or auto to let the evidence decide again", "commands.promotion:promotion"),
     ("--merge", ("SOURCE", "OUT"), "merge a LoRA round's policy (SOURCE: its folder of adapters, or a policy id of "
      "--db) into its base model, saved as a whole model in the new folder OUT (safetensors, tokenizer, "
      "generation_config.json) that transformers loads alone, to publish it", "commands.merge:merge"),

@@ -18,6 +18,7 @@ from annotate.metrics import (DEMO_ANNOTATOR, DEMO_JUDGE_SCORE, DEMO_WIN_RATE, D
                               RM_HELDOUT_ACCURACY, RM_HELDOUT_HIGH, RM_HELDOUT_LOW, RM_HELDOUT_N, RM_TRAIN_ACCURACY,
                               ROUND_MIN_ACCURACY, ROUND_PAIRS_USED, ROUND_VOTES, Metric)
 from annotate.plots import Panel, Series
+from annotate.promotion import PromotionDecision
 from annotate.records import Policy, Round, WinRate
 
 NO_ROUNDS = "No rounds yet: each finished round adds a point here."
@@ -178,6 +179,8 @@ def headline(rounds: list[Round], win_rates: list[WinRate], policies: list[Polic
         lines.append(f"- Training accuracy (on the pairs it trained on; not a measure of what it learned): "
                      f"{RM_TRAIN_ACCURACY.text(trained)}.")
     lines.append(_newest_votes_line(win_rates, policies))
+    if (promotion := promotion_line(policies)):
+        lines.append(promotion)
     if (judge := DEMO_WIN_RATE.of(m)) is not None:
         lines.append(f"- Judge ({m.get(DEMO_ANNOTATOR)}, simulated): win rate against the first policy "
                      f"**{DEMO_WIN_RATE.text(judge)}** ({DEMO_WIN_RATE_LOW.text(DEMO_WIN_RATE_LOW.of(m))}-"
@@ -195,3 +198,18 @@ def _newest_votes_line(win_rates: list[WinRate], policies: list[Policy]) -> str:
     return (f"- People's votes on versus pairs: policy {newest.policy_id} (round {round_of[newest.policy_id]}) against "
             f"policy {newest.opponent_id}: **{win_rate_text(newest)}** ({newest.wins} wins, {newest.losses} losses, "
             f"{newest.ties} ties, {newest.both_bad} both bad; ties count half).")
+
+
+def promotion_line(policies: list[Policy]) -> str:
+    """Markdown: whether the newest policy is promoted (the current one) or a candidate, and why; "" before any round's
+    policy (annotate.promotion)."""
+    if not policies or (newest := max(policies, key=lambda p: (p.round, p.id))).round == 0:
+        return ""
+    current = max((p for p in policies if p.is_promoted), key=lambda p: (p.round, p.id))
+    decision = PromotionDecision.from_json(newest.promotion)
+    state = "promoted: the current policy, which writes the pairs and starts the next round" \
+        if newest.id == current.id else \
+        f"a candidate, not promoted: policy {current.id} (round {current.round}) stays the current one"
+    why = f" ({decision.rule}: {decision.reason})" if decision is not None else ""
+    return (f"- Policy {newest.id} (round {newest.round}) is **{state}**{why}. An admin overrides with "
+            f"`python app.py --promotion {newest.id} promote`, `reject` or `auto`.")

@@ -102,6 +102,12 @@ ACTIVE_CANDIDATE_ANSWERS = "active/candidate_answers"
 ROUND_STAGE = "round/stage"
 ROUND_POLICY_ID = Metric("round/policy_id", "new policy", "{:.0f}")
 ROUND_POLICY_PATH = "round/policy_path"
+ROUND_PROMOTED = Metric("round/promoted", "promoted (1) or kept a candidate (0) at the round's end", "{:.0f}")
+ROUND_PROMOTION = "round/promotion"
+"""The promotion decision at the round's end, as annotate.promotion.PromotionDecision's dict (rule, reason, numbers);
+the policy row holds the decision taken since, as votes came in."""
+ROUND_STARTED_FROM = "round/started_from"
+"""Why the round's PPO starts from its actor: the last promoted policy, and the newer candidates it passed over."""
 ROUND_ACTOR_POLICY_ID = "round/actor_policy_id"
 ROUND_REFERENCE = "round/reference"
 ROUND_REWARD_MODEL_PATH = "round/reward_model_path"
@@ -150,3 +156,9 @@ SUMMARY = [
     *[stage_seconds(stage) for stage in STAGES], ROUND_SECONDS,
 ]
 """What `--train-round` prints when a round is done, in this order (a line for each that the round recorded)."""
+
+
+# conservative reward (#34): rlhf.ppo.trainer's names where the reward model has bootstrap heads (ppo.drift_budget,
+# ppo.reward_spread_penalty)
+PPO_HEAD_SPREAD = Metric("ppo/head_spread", "mean spread (std) of the bootstrap heads' scores of an answer", "{:.4f}")
+PPO_DRIFT_STOPPED = Metric("ppo/drift_stopped", "the drift budget ended PPO (1, on its last step only)", "{:.0f}")

@@ -48,10 +48,22 @@ class Policy:
     created_at: str
     pruned_at: str | None = None
     """When its folder was deleted to bound the disk (round.keep_policies); None while it is there to load."""
+    promoted: int | None = None
+    """1 when the evidence says it is not worse than the policy it started from (loop.promotion): it writes the pairs
+    and starts the next round; 0 a candidate, kept but not current; None for a row older than promotion (current)."""
+    promotion: str | None = None
+    """The last promotion decision as JSON (loop.promotion.PromotionDecision): its rule, reason and numbers."""
+    promotion_override: str | None = None
+    """An admin's "promote" or "reject", which wins over the evidence; None: the evidence decides."""
 
     @property
     def pruned(self) -> bool:
         return self.pruned_at is not None
+
+    @property
+    def is_promoted(self) -> bool:
+        """Whether it may be the current policy: the base (round 0), a promoted one, or one from before promotion."""
+        return self.round == 0 or self.promoted is None or bool(self.promoted)
 
     def pruned_sentence(self) -> str:
         """Why this pruned policy cannot be loaded, in a sentence that says what to do instead."""

@@ -19,6 +19,7 @@ import pandas as pd
 from annotate import dashboard_panels as panels
 from annotate.disk import disk_line, named_checkpoints
 from annotate.people import PEOPLE_COLUMNS, people, people_rows
+from annotate.promotion import refresh_promotions
 from annotate.records import WinRate
 from annotate.plots import panels_html
 from annotate.round_report import RoundReport, report_html, with_votes_now
@@ -59,7 +60,7 @@ class DashboardView:
 
 
 class DashboardHandlers:
-    """Reads the store and shapes it for the dashboard; no writes."""
+    """Reads the store and shapes it for the dashboard; it writes only promotion decisions the votes changed."""
 
     def __init__(self, store: Store, config: AppConfig):
         self.store, self.config = store, config
@@ -114,6 +115,8 @@ class DashboardHandlers:
                 report_round=None, with_report: bool = True) -> DashboardView:
         """Everything the tab shows; without `with_report` the report and its picker are left as they are (None)."""
         stats = self.store.stats()
+        if self.config.promotion is not None:  # votes since the last round may have promoted or held back its policy
+            refresh_promotions(self.store, self.config.promotion)
         rounds, win_rates, policies = self.store.rounds(), self.store.versus_win_rates(), self.store.policies()
         by_annotator = pd.DataFrame(sorted(stats["votes_by_annotator"].items(), key=lambda item: -item[1]),
                                     columns=["annotator", "votes"])

@@ -14,6 +14,7 @@ from pathlib import Path
 from markdown_it import MarkdownIt
 
 from annotate.identity import SessionTokens, clean_name
+from annotate.promotion import PromotionSettings
 from annotate.records import Showing
 from annotate.text_limits import MAX_ANSWER_CHARS, MAX_PROMPT_CHARS
 
@@ -42,6 +43,9 @@ class AppConfig:
     """Longest prompt the Admin tab imports, in characters ([app] max_prompt_chars)."""
     max_answer_chars: int = MAX_ANSWER_CHARS
     """Longest better answer an annotator may write, in characters ([app] max_answer_chars)."""
+    promotion: PromotionSettings | None = None
+    """[promotion] (loop.config.PromotionConfig): the Dashboard takes each policy's promotion decision again on the
+    votes in when it refreshes; None: it shows the decisions as last taken."""
     checkpoints_dir: Path | None = None
     """The database's checkpoint folder (<round.checkpoints_dir>/<db name>), whose size the Dashboard shows; None: the
     database's size alone."""

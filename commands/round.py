@@ -18,11 +18,16 @@ def _log(message: str) -> None:
 
 
 def summary_table(metrics: dict) -> str:
-    """A line for each of annotate.metrics.SUMMARY that the round recorded: its label and value."""
-    from annotate.metrics import SUMMARY
+    """A line for each of annotate.metrics.SUMMARY that the round recorded: its label and value; then the new
+    policy's promotion decision (annotate.promotion) with its rule and reason."""
+    from annotate.metrics import ROUND_PROMOTION, SUMMARY
 
-    return "\n".join(f"  {metric.label:<44} {metric.text(value)}" for metric in SUMMARY
-                     if (value := metric.of(metrics)) is not None)
+    lines = [f"  {metric.label:<44} {metric.text(value)}" for metric in SUMMARY
+             if (value := metric.of(metrics)) is not None]
+    if (decision := metrics.get(ROUND_PROMOTION)) is not None:
+        state = "promoted: the current policy" if decision["promoted"] else "a candidate, not promoted"
+        lines.append(f"  {'the new policy':<44} {state} ({decision['rule']}: {decision['reason']})")
+    return "\n".join(lines)
 
 
 def train_round(args, config: LoopConfig) -> int:

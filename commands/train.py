@@ -100,6 +100,7 @@ def train_ppo(args, config: LoopConfig) -> int:
     from loop.config import ppo_settings
     from loop.stages import StageInputError, ppo_prompts, train_ppo_with_card
     from rlhf.models import ModelNotFoundError
+    from rlhf.ppo.config import NeedsHeads
     from rlhf.reward.model import is_reward_model_dir
 
     if not args.reward_model:
@@ -116,7 +117,7 @@ def train_ppo(args, config: LoopConfig) -> int:
         print("Head reward model: scores normalised, GAE lambda 1 (round.adapt_ppo_to_head).", file=sys.stderr)
     try:
         result = train_ppo_with_card(config, args.reward_model, prompts, ppo, _out_dir(args, "ppo"), args.reference)
-    except ModelNotFoundError as error:
+    except (ModelNotFoundError, NeedsHeads) as error:
         return _fail("--train-ppo", str(error))
     if not is_main_process():
         return 0

@@ -56,6 +56,32 @@ class RoundConfig:
         check_ranges(self)
 
 
+PROMOTION_RULES = ("evidence", "always")
+
+
+@dataclass
+class PromotionConfig:
+    """When a round's policy becomes the current one (loop.promotion): it writes the pairs and the next round starts
+    from it. People's votes on its versus pairs decide once `min_votes` are in; until then the reward model's held-out
+    interval and the KL PPO moved."""
+
+    rule: str = "evidence"
+    """"evidence": promoted only when the evidence says it is not worse than the policy it started from; "always":
+    every round's policy becomes current (the loop before promotion)."""
+    min_votes: int = ranged(16, at_least(1))
+    """Judged votes (wins, losses, ties) on a candidate's versus pairs from which people's verdict decides."""
+    min_win_rate: float = ranged(0.5, between(0, 1, "a win rate"))
+    """People's verdict: promoted when its win rate against the policy it started from (ties half) is at least this."""
+    max_kl: float = ranged(10.0, at_least(0, "0: no limit"))
+    """The reward model's verdict, before people's: promoted when its held-out interval clears chance and PPO's mean KL
+    to the reference is at most this."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.rule not in PROMOTION_RULES:
+            raise ValueError(f"promotion.rule is one of {', '.join(PROMOTION_RULES)}, not {self.rule!r}")
+
+
 @dataclass
 class PairsConfig:
     """How the pairs people vote on are generated (`--generate-pairs`, the app, a round's next pairs); how each answer
@@ -159,6 +185,7 @@ class LoopConfig:
     """Every knob of rlhf-loop, one dataclass per section of rlhf-loop.toml."""
 
     round: RoundConfig = field(default_factory=RoundConfig)
+    promotion: PromotionConfig = field(default_factory=PromotionConfig)
     reward: RewardTrainConfig = field(default_factory=RewardTrainConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     sampling: Sampling = field(default_factory=Sampling)
@@ -204,9 +231,10 @@ def function_ppo_settings(settings: PPOConfig) -> PPOConfig:
     count by tens, `contains:WORD` is 0 or 1. Raw, the first would weigh nothing beside the KL penalty and the second
     would sit at clip_reward_value; standardised, every rule reaches PPO at the scale a head reward model's scores do
     in a round (unit spread over the answers PPO samples, RoundConfig.adapt_ppo_to_head), so an oracle round buys
-    what a perfect reward model would at the same KL price.
+    what a perfect reward model would at the same KL price. A function has no bootstrap heads: the conservative reward
+    and the drift budget (ppo.reward_spread_penalty, ppo.drift_budget) are off for it.
     """
-    return replace(settings, normalize_rewards=True)
+    return replace(settings, normalize_rewards=True, reward_spread_penalty=0.0, drift_budget=0.0)
 
 
 def strategy_settings(config: LoopConfig, seed: int, warm_start: str | None) -> StrategyConfig:

@@ -18,8 +18,9 @@ from typing import Callable
 
 from annotate.metrics import (DEMO_ANNOTATOR, DEMO_FIRST_JUDGE_SCORE, DEMO_JUDGE_SCORE, DEMO_WIN_RATE,
                               DEMO_WIN_RATE_HIGH, DEMO_WIN_RATE_LOW, PPO_KL, PPO_REWARD, RM_HELDOUT_ACCURACY,
-                              ROUND_ACTOR_POLICY_ID, ROUND_CEILING_POLICY_PATH, ROUND_REWARD_MODEL_PATH, ROUND_SECONDS,
-                              ceiling_name, stage_seconds)
+                              ROUND_ACTOR_POLICY_ID, ROUND_CEILING_POLICY_PATH, ROUND_PROMOTED, ROUND_REWARD_MODEL_PATH,
+                              ROUND_SECONDS, ceiling_name, stage_seconds)
+from annotate.promotion import PromotionDecision, refresh_promotions
 from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, resolve_score
 from annotate.statistics import mean_and_standard_error
 from annotate.store import Store
@@ -155,20 +156,27 @@ class Evaluation:
 
 def fill_pair_queue(store: Store, config: LoopConfig, wanted: int, seeds: DemoSeeds, round_number: int,
                     exclude: frozenset[str]) -> None:
-    """Queue pairs until `wanted` wait, as the app's "generate now" would: chosen by the last reward model once there is
-    one. A call makes at most one pair a prompt, so more votes than prompts take more calls on the least-used ones."""
+    """Queue pairs until `wanted` wait, as the app's "generate now" would: sample pairs from the current policy, chosen
+    by the last reward model once there is one, and round.versus_share of the newest policy against the one it started
+    from (their votes decide its promotion: annotate.promotion). A call makes at most one pair a prompt, so more votes
+    than prompts take more calls on the least-used ones."""
     from loop import pairs, policies
 
     for call in range(MAX_PAIR_CALLS):
         waiting = store.pairs_waiting()
         if waiting >= wanted:
             return
-        latest = store.latest_policy()
+        refresh_promotions(store, config.promotion)
+        current, newest = store.current_policy(), store.latest_policy()
         judge_path = policies.pair_judge_path(store)
         pair_judge = policies.load_pair_judge(judge_path, config.votes)  # not the annotator: the reward model
-        _log(f"Generating {wanted - waiting} pairs from policy {latest.id} to vote on"
+        versus_share = config.round.versus_share if newest.round > 0 else 0.0  # the base has no parent to face
+        versus = f", {versus_share:.0%} of them policy {newest.id} against the one it started from" if versus_share \
+            else ""
+        _log(f"Generating {wanted - waiting} pairs from policy {current.id} to vote on{versus}"
              f"{', chosen by the reward model at ' + judge_path if pair_judge is not None else ''}.")
-        request = PairRequest(wanted - waiting, latest.id, sampling=config.sampling,
+        request = PairRequest(wanted - waiting, current.id, versus_share=versus_share,
+                              versus_newer_id=newest.id, sampling=config.sampling,
                               seed=seeds.pairs(round_number, call), batch_size=config.pairs.batch_size,
                               exclude_prompts=exclude)
         pairs.queue_pairs(store, request, config.votes, judge=pair_judge, progress=PairBar())
@@ -190,6 +198,7 @@ def demo_row(result, policy_path: str, evaluation: Evaluation, config: LoopConfi
     metrics = result.metrics
     new_answers, verdicts = evaluation.judge_policy(policy_path)
     row = {"round": result.round_id,  # the database's round: a reused database goes on from its last one
+           "policy_id": result.policy_id, "promoted_at_round_end": bool(ROUND_PROMOTED.of(metrics)),
            "rm_accuracy": RM_HELDOUT_ACCURACY.of(metrics), "reward": PPO_REWARD.of(metrics), "kl": PPO_KL.of(metrics),
            **verdicts}
     reward_path = metrics.get(ROUND_REWARD_MODEL_PATH)  # absent when a resumed round reused a crashed one's
@@ -212,7 +221,9 @@ def round_line(row: dict, first: dict) -> str:
                 f"{row[prefix + 'win_rate_high']:.1%}; {row[prefix + 'wins']} wins, {row[prefix + 'losses']} losses, "
                 f"{row[prefix + 'ties']} ties)")
 
-    text = (f"round {row['round']}: rm accuracy {row['rm_accuracy']}, reward {row['reward']}, kl {row['kl']}, "
+    text = (f"round {row['round']}: policy {row['policy_id']} "
+            f"{'promoted' if row['promoted_at_round_end'] else 'kept a candidate'} at the round's end, "
+            f"rm accuracy {row['rm_accuracy']}, reward {row['reward']}, kl {row['kl']}, "
             f"win rate vs first {verdicts('')}")
     if row["judge_score"] is not None:
         text += (f", judge score {_plus_minus(row['judge_score'], row['judge_score_se'])} "
@@ -275,6 +286,28 @@ def judge_metrics(row: dict, first: dict, annotator: str) -> dict:
             DEMO_FIRST_JUDGE_SCORE.name: first["judge_score"]}
 
 
+def promotion_outcome(store: Store, rows: list[dict], evaluation: Evaluation, config: LoopConfig) -> None:
+    """Each row's `promoted` (the decision on the votes in at the demo's end: people judge a round's policy by the
+    next round's start) and `current_win_rate` (the win rate against the first of the policy current after that
+    round, with its interval), printed as one line a round."""
+    refresh_promotions(store, config.promotion)
+    policies = store.policies()
+    for row in rows:
+        made = store.policy(row["policy_id"])
+        current = max((p for p in policies if p.is_promoted and (p.round, p.id) <= (made.round, made.id)),
+                      key=lambda p: (p.round, p.id))
+        verdicts = evaluation.judge_policy(current.path)[1]  # answered when it was judged: no model loads again
+        decision = PromotionDecision.from_json(made.promotion)
+        row.update({"promoted": made.is_promoted, "promotion_rule": decision.rule if decision else None,
+                    "current_policy_id": current.id, "current_win_rate": verdicts["win_rate"],
+                    "current_win_rate_low": verdicts["win_rate_low"],
+                    "current_win_rate_high": verdicts["win_rate_high"]})
+        print(f"round {row['round']}: policy {made.id} {'promoted' if row['promoted'] else 'not promoted'}"
+              f"{f' ({decision.rule}: {decision.reason})' if decision else ''}; current after it policy {current.id}, "
+              f"win rate vs first {row['current_win_rate']:.1%} ({row['current_win_rate_low']:.1%}-"
+              f"{row['current_win_rate_high']:.1%})", flush=True)
+
+
 def run_demo_loop(config: LoopConfig, on_round: Callable[[dict], None] | None = None) -> int:
     """simulate -> round, simulate.rounds times, on the database's prompts (the shipped ones on an empty database);
     exit 0 when every round ran, 2 bad settings, 3 a round refused. `on_round(row)` after each round (bench/soak.py
@@ -289,13 +322,15 @@ def run_demo_loop(config: LoopConfig, on_round: Callable[[dict], None] | None = 
     annotator = DemoAnnotator.from_settings(sim, seeds)
     if store.count_prompts() == 0:
         store.import_prompts(SHIPPED_PROMPTS)
-    first = store.ensure_base_policy(config.app.model)
+    store.ensure_base_policy(config.app.model)
+    first = store.first_policy()  # round 0 (the base, or its SFT), whatever rounds a database ran before
     evaluation = Evaluation(store, sim, config, annotator, seeds)
     _log(f"Demo loop: {sim.rounds} rounds, annotator {sim.annotator} (noise {sim.noise:.0%}), "
          f"{sim.votes} votes a round, PPO rewarded by the {'annotator' if sim.reward == 'oracle' else 'reward model'}"
          f"{' beside the oracle ceiling' if sim.oracle_ceiling else ''}, win rate judged on {sim.eval_answers} "
          f"answer(s) to each of {len(evaluation.prompts)} prompts kept out of PPO "
          f"({store.count_prompts() - len(evaluation.prompts)} left for it).")
+    _log(f"Every policy is judged against policy {first.id} (round 0, {first.path}): the first policy.")
     evaluation.answer_first(first.path)
     if annotator.score is not None:
         first_score = evaluation.first_score
@@ -311,8 +346,9 @@ def run_demo_loop(config: LoopConfig, on_round: Callable[[dict], None] | None = 
         print(round_line(row, evaluation.first_score), flush=True)
         if on_round is not None:
             on_round(row)
+    promotion_outcome(store, rows, evaluation, config)
     store.close()
-    print(json.dumps({"reward": sim.reward, "eval_prompts": len(evaluation.prompts),
+    print(json.dumps({"reward": sim.reward, "first_policy_id": first.id, "eval_prompts": len(evaluation.prompts),
                       "eval_answers": sim.eval_answers, "first_judge_score": evaluation.first_score["judge_score"],
                       "first_judge_score_se": evaluation.first_score["judge_score_se"], "rounds": rows}))
     return 0 if len(rows) == sim.rounds else EXIT_REFUSED

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 from annotate.metrics import GEN_FINISHED_SHARE, GEN_MEAN_TOKENS, GEN_TOKENS_PER_S, TIME_GENERATE_S
+from annotate.promotion import refresh_promotions
 from annotate.store import Store
 from loop.children.pair_child import ChildLines
 from loop.config import LoopConfig
@@ -43,6 +44,13 @@ class _TerminalProgress(PairBar):
         print(f"{text[0].upper()}{text[1:]}...", file=sys.stderr)
 
 
+def _candidate_note(current, newest) -> str:
+    """What the versus pairs judge when the newest policy is a candidate, not the current one; "" when it is current."""
+    if newest.id == current.id:
+        return ""
+    return f" (policy {newest.id} of round {newest.round}, a candidate not promoted, against its parent)"
+
+
 def generate_pair_batch(config: LoopConfig, n_pairs: int, versus_share: float, progress_lines: bool = False) -> int:
     """Up to `n_pairs` pairs from the current policy into config.app.db, a share `versus_share` of them versus pairs;
     with `progress_lines` the child protocol's lines on stdout (loop.children.pair_child) instead of a progress bar.
@@ -60,10 +68,11 @@ def generate_pair_batch(config: LoopConfig, n_pairs: int, versus_share: float, p
             print(f"app.py --generate-pairs: {db} holds no prompts yet. Import some first, for example the shipped "
                   "ones: python app.py --import-prompts data/prompts.jsonl", file=sys.stderr)
             return 2
-        policy = store.ensure_base_policy(config.app.model)
+        refresh_promotions(store, config.promotion)  # the votes since the round may promote or hold back its policy
+        policy, newest = store.ensure_base_policy(config.app.model), store.latest_policy()
         print(f"Generating {n_pairs} pairs from policy {policy.id} (round {policy.round}, {policy.path}), "
-              f"{versus_share:.0%} versus pairs, up to {sampling.max_new_tokens} tokens an answer at temperature "
-              f"{sampling.temperature}.", file=sys.stderr)
+              f"{versus_share:.0%} versus pairs{_candidate_note(policy, newest)}, up to {sampling.max_new_tokens} "
+              f"tokens an answer at temperature {sampling.temperature}.", file=sys.stderr)
         judge_path = pair_judge_path(store)
         judge = load_pair_judge(judge_path, votes)
         if judge is not None:
@@ -76,8 +85,8 @@ def generate_pair_batch(config: LoopConfig, n_pairs: int, versus_share: float, p
             if next(model.model.parameters()).device.type == "cpu":
                 progress = _SharingTheCpu(progress)
             progress.stage("generating")
-            request = PairRequest(n_pairs, policy.id, versus_share=versus_share, sampling=sampling,
-                                  seed=config.pairs.seed, batch_size=config.pairs.batch_size)
+            request = PairRequest(n_pairs, policy.id, versus_share=versus_share, versus_newer_id=newest.id,
+                                  sampling=sampling, seed=config.pairs.seed, batch_size=config.pairs.batch_size)
             report = queue_pairs(store, request, votes, judge=judge, model=model, progress=progress)
         except (ModelNotFoundError, PolicyPruned) as error:
             print(f"app.py --generate-pairs: {error}", file=sys.stderr)

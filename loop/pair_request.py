@@ -3,8 +3,9 @@
 here: `loop.pairs` asks a policy for the answers.
 
 Two kinds of pair (docs/design.md, "Data model"): `sample`, two answers of the current policy to one prompt (what the
-reward model learns from), and `versus`, the current policy against an earlier one on the same prompt (gen_a is
-always the newer policy's answer, the store's convention), whose votes measure progress by human judgement.
+reward model learns from), and `versus`, the newest policy (the current one, or a candidate not promoted yet) against
+the one it started from on the same prompt (gen_a is always the newer policy's answer, the store's convention), whose
+votes measure progress by human judgement and decide promotion (annotate.promotion).
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ class PairRequest:
     """Pairs to write at most (fewer when answers are identical or empty, or the store holds fewer prompts: one pair
     a prompt a batch)."""
     policy_id: int
-    """The policy that writes the answers (side a of a versus pair)."""
+    """The policy that writes the sample pairs (the current one), and side a of the versus pairs unless
+    `versus_newer_id` names another."""
     versus_share: float = 0.0
-    """Share of the pairs that put it against an earlier policy (the rest are sample pairs: two of its answers)."""
+    """Share of the pairs that put a newer policy against an earlier one (the rest are sample pairs: two answers of
+    `policy_id`)."""
     versus_policy_id: int | None = None
-    """The earlier policy of the versus pairs; None: `earlier_policy`."""
+    """The earlier policy of the versus pairs; None: `earlier_policy` of the newer one."""
+    versus_newer_id: int | None = None
+    """The newer policy of the versus pairs (side a): a candidate not promoted (annotate.promotion) is judged by
+    people while the current policy writes the sample pairs; None: `policy_id`."""
     sampling: Sampling = field(default_factory=Sampling)
     """How each answer is sampled ([sampling])."""
     seed: int | None = None

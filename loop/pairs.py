@@ -122,14 +122,16 @@ def make_pairs(store, request: PairRequest, model: PolicyModel | None = None,
     """
     rng = random.Random(request.seed)
     policy = store.policy(request.policy_id)
+    newer = store.policy(request.versus_newer_id) if request.versus_newer_id is not None else policy
     report = PairsReport(policy_id=policy.id)
     prompts = store.prompts_needing_pairs(request.n_pairs, request.exclude_prompts)
-    opponent = _opponent(store, request, policy, round(len(prompts) * request.versus_share))
+    opponent = _opponent(store, request, newer, round(len(prompts) * request.versus_share))
     n_versus = round(len(prompts) * request.versus_share) if opponent is not None else 0
     if not prompts:
         return report
     model = policy_model(store, policy.id, model)
-    versus_model = policy_model(store, opponent.id).model if n_versus else None
+    versus_models = [_same_or_loaded(store, model, policy.id, side) for side in (newer, opponent)] \
+        if n_versus else None
     report.versus_policy_id = opponent.id if n_versus else None
     versus_ids = set(rng.sample([p.id for p in prompts], n_versus))
     sink = _PairSink(store, report, progress or PairProgress(), len(prompts))
@@ -142,9 +144,16 @@ def make_pairs(store, request: PairRequest, model: PolicyModel | None = None,
         _sample_pairs(model, sample_prompts, first_is_a, policy.id, request, chunk_index, sink)
         versus_prompts = [p for p in chunk if p.id in versus_ids]
         if versus_prompts:
-            _versus_pairs(model, PolicyModel(versus_model, model.tokenizer), versus_prompts, (policy.id, opponent.id),
-                          request, chunk_index, sink)
+            _versus_pairs(*versus_models, versus_prompts, (newer.id, opponent.id), request, chunk_index, sink)
     return report
+
+
+def _same_or_loaded(store, model: PolicyModel, model_policy_id: int, side) -> PolicyModel:
+    """`model` (policy `model_policy_id` loaded) when `side` is that policy, else `side` loaded with `model`'s tokenizer
+    (the policies descend from one base: one tokenizer)."""
+    if side.id == model_policy_id:
+        return model
+    return PolicyModel(policy_model(store, side.id).model, model.tokenizer)
 
 
 def _generate(model: PolicyModel, prompts: list[Prompt], n_per_prompt: int, request: PairRequest, seed: int | None,

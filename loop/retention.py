@@ -6,8 +6,9 @@ of every finished round (`prune_after_round`) and for `python app.py --prune`. N
 checkpoint folder (`<round.checkpoints_dir>/<db name>`) is ever deleted, nor the base or SFT model (round 0).
 
 The rule, K = round.keep_policies (0 keeps everything). A policy past round 0 is kept when it is:
-- the current policy (the next round and the app's pairs start from it) or its parent (the current policy's versus
-  pairs are set against it);
+- the current policy (the last promoted: the next round and the app's pairs start from it) or its parent (the
+  current policy's versus pairs are set against it), and the newest policy when it is a candidate not promoted (its
+  versus pairs may still promote it: annotate.promotion);
 - one of the last K policies (by round, then id);
 - the best by people's votes (`best_win_rate`);
 - named by the last finished round (the policy it saved and the one it started from);
@@ -108,9 +109,12 @@ def kept_reasons(policies: list[Policy], rounds: list[Round], win_rates: list[Wi
     kept_ids: dict[int, list[str]] = {}
     kept_paths: dict[str, list[str]] = {}
     if policies:
-        current = max(policies, key=lambda p: (p.round, p.id))
+        current = max((p for p in policies if p.is_promoted), key=lambda p: (p.round, p.id))
         _add(kept_ids, current.id, "the current policy: the next round and the app's pairs start from it")
         _add(kept_ids, current.parent_id, "the current policy's parent: its versus pairs are set against it")
+        newest = max(policies, key=lambda p: (p.round, p.id))
+        if newest.id != current.id:
+            _add(kept_ids, newest.id, "the newest policy, a candidate: its versus pairs may still promote it")
     trained = sorted((p for p in policies if p.round > 0), key=lambda p: (p.round, p.id))
     for policy in trained[-keep_policies:] if keep_policies > 0 else []:
         _add(kept_ids, policy.id, f"one of the last {keep_policies} policies (round.keep_policies)")

@@ -12,7 +12,7 @@ crashed round is marked `failed` by the next start, which picks up what the cras
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -21,8 +21,10 @@ from annotate.metrics import (ACTIVE_CANDIDATE_ANSWERS, ACTIVE_UNCERTAIN, HISTOR
                               ROUND_ACTIVE_CANDIDATE_ANSWERS, ROUND_ACTIVE_SHARE,
                               ROUND_CEILING_POLICY_PATH, ROUND_NORMALIZE_REWARDS, ROUND_PAIRS_GENERATED,
                               ROUND_POLICY_ID, ROUND_POLICY_PATH, ROUND_PPO_LAM, ROUND_PPO_REWARD, ROUND_PPO_SEED,
-                              ROUND_RESUMED_FROM, ROUND_RESUMED_POLICY, ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY,
-                              ROUND_SECONDS, ROUND_STAGE, ceiling_name, stage_seconds)
+                              ROUND_PROMOTED, ROUND_PROMOTION, ROUND_RESUMED_FROM, ROUND_RESUMED_POLICY,
+                              ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY, ROUND_SECONDS, ROUND_STAGE, ceiling_name,
+                              stage_seconds)
+from annotate.promotion import decide_for
 from annotate.store import Store
 from loop.checks import RoundRefused, check_accuracy
 from loop.config import LoopConfig, function_ppo_settings, ppo_settings, strategy_settings
@@ -156,11 +158,13 @@ def run_round(db_path: str | Path, base_model: str, config: LoopConfig, log: Log
 
 def _finish(run: RoundRun, policy_id: int, reward_path: str | None, exclude_prompts: frozenset[str],
             make_report: bool) -> None:
-    """Step 6 and the round's end, on the main process: the next pairs (not again when the crashed round this one
-    goes on from had queued them), the report, the round's row marked done, then the checkpoints no rule keeps deleted
-    (loop.retention, round.keep_policies), the lock still held."""
+    """Step 6 and the round's end, on the main process: the new policy promoted or kept a candidate
+    (annotate.promotion), the next pairs (not again when the crashed round this one goes on from had queued them), the
+    report, the round's row marked done, then the checkpoints no rule keeps deleted (loop.retention,
+    round.keep_policies), the lock still held."""
     from loop.retention import prune_after_round
 
+    _promotion_stage(run, policy_id)
     if not run.plan.reuse_pairs:
         run.record({ROUND_STAGE: "pairs"})
         made = run.timed("pairs", _pairs_stage, policy_id, reward_path, exclude_prompts)
@@ -170,6 +174,16 @@ def _finish(run: RoundRun, policy_id: int, reward_path: str | None, exclude_prom
     run.record({ROUND_SECONDS.name: time.perf_counter() - run.started, ROUND_STAGE: "done"})
     run.store.finish_round(run.plan.round_id)
     prune_after_round(run.store, run.config, run.plan.round_id, run.log)
+
+
+def _promotion_stage(run: RoundRun, policy_id: int) -> None:
+    """The new policy promoted (it writes the next sample pairs and the next round starts from it) or kept a candidate
+    on the evidence at the round's end, before people have voted on its versus pairs (annotate.promotion)."""
+    decision = decide_for(run.store, run.store.policy(policy_id), run.config.promotion)
+    run.record({ROUND_PROMOTED.name: int(decision.promoted), ROUND_PROMOTION: asdict(decision)})
+    verdict = "promoted" if decision.promoted else "kept a candidate, not promoted"
+    run.log(f"Round {run.plan.round_id}: policy {policy_id} is {verdict} ({decision.rule}: {decision.reason}); "
+            "people's votes on its versus pairs decide again at the next round's start.")
 
 
 def _reward_stage(run: RoundRun, base_model: str) -> str:
@@ -288,21 +302,22 @@ def _ceiling_stage(run: RoundRun, reward_path: str, reward_function: RewardFunct
 
 def _pairs_stage(run: RoundRun, policy_id: int, reward_path: str | None = None,
                  exclude_prompts: frozenset[str] = frozenset()) -> int:
-    """Step 6: the next batch of pairs from the new policy: a share against an earlier policy, the sample pairs
-    chosen where the reward model's bootstrap heads disagree most (over-sampled answers), plus a random share; none
-    for the prompts kept out of the round (the demo's evaluation prompts)."""
+    """Step 6: the next batch of pairs: a share of the new policy against the one it started from (people's votes on
+    them decide its promotion), the sample pairs from the current policy (the new one once promoted), chosen where the
+    reward model's bootstrap heads disagree most (over-sampled answers), plus a random share; none for the prompts
+    kept out of the round (the demo's evaluation prompts)."""
     from loop.pair_request import PairBar, PairRequest
     from loop.pairs import queue_pairs
     from loop.policies import load_pair_judge
 
     plan, config, log = run.plan, run.config, run.log
-    earlier = plan.actor_policy_id
+    earlier, current = plan.actor_policy_id, run.store.current_policy()
     n_pairs = config.round.next_pairs
-    log(f"Round {plan.round_id}: generating {n_pairs} pairs from policy {policy_id} "
-        f"({config.round.versus_share:.0%} against policy {earlier}).")
+    log(f"Round {plan.round_id}: generating {n_pairs} pairs from policy {current.id} "
+        f"({config.round.versus_share:.0%} of policy {policy_id} against policy {earlier}).")
     judge = load_pair_judge(reward_path, config.votes)
-    request = PairRequest(n_pairs, policy_id, versus_share=config.round.versus_share, versus_policy_id=earlier,
-                          sampling=config.sampling, seed=config.round.seed + plan.round_id,
+    request = PairRequest(n_pairs, current.id, versus_share=config.round.versus_share, versus_policy_id=earlier,
+                          versus_newer_id=policy_id, sampling=config.sampling, seed=config.round.seed + plan.round_id,
                           batch_size=config.pairs.batch_size, exclude_prompts=exclude_prompts)
     report = queue_pairs(run.store, request, config.votes, judge=judge, progress=PairBar())
     if judge is not None:

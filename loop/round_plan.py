@@ -12,7 +12,8 @@ from typing import Callable
 from annotate.metrics import (RM_LIVE_PREFIX, RM_PREFIX, ROUND_ACTOR_POLICY_ID, ROUND_MIN_ACCURACY, ROUND_NEW_PAIRS,
                               ROUND_PAIRS_GENERATED, ROUND_PAIRS_USED, ROUND_POLICY_ID, ROUND_PPO_PROMPTS,
                               ROUND_REFERENCE, ROUND_RESUMED_FROM, ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY,
-                              ROUND_SECONDS, ROUND_STAGE, ROUND_VOTES, stage_seconds)
+                              ROUND_SECONDS, ROUND_STAGE, ROUND_STARTED_FROM, ROUND_VOTES, stage_seconds)
+from annotate.promotion import PromotionDecision, refresh_promotions
 from annotate.records import Policy, Preference
 from annotate.store import Store
 from loop.checks import RoundRefused
@@ -37,7 +38,7 @@ class RoundPlan:
     reference_path: str
     """The first policy (base or SFT): PPO's frozen reference, and the reward model's init on round one."""
     actor_path: str
-    """The latest policy: PPO starts from it."""
+    """The current policy (the last promoted: annotate.promotion): PPO starts from it."""
     actor_policy_id: int
     """Its row in the policies table (parent of the new policy)."""
     reward_warm_start: str | None
@@ -124,6 +125,8 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
             f"{len(preferences)} in all). Collect more votes (ties, 'both bad' and skips do not count), "
             "or lower round.min_new_pairs with --set round.min_new_pairs=N."
         )
+    _refuse_heads_settings(config, len(preferences), reuse_policy)
+    held_back = _refresh_promotions(store, config, log)
     actor, first = _actor_and_reference(store, crashed)
     ppo_prompts = _ppo_prompts(store, config, exclude_prompts, crashed)
     round_id = store.start_round(pid=os.getpid())
@@ -141,15 +144,49 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
         ROUND_PAIRS_USED.name: len(preferences), ROUND_NEW_PAIRS.name: new_pairs, ROUND_STAGE: "planned",
         ROUND_ACTOR_POLICY_ID: actor.id, ROUND_REFERENCE: first,
         ROUND_VOTES.name: store.count_votes_since(None), ROUND_MIN_ACCURACY.name: config.round.min_accuracy,
-        ROUND_PPO_PROMPTS: ppo_prompts, **plan.carried,  # a reused policy's own counts of votes and pairs win
-    })
+        ROUND_PPO_PROMPTS: ppo_prompts, ROUND_STARTED_FROM: held_back, **plan.carried,  # a reused policy's own
+    })  # counts of votes and pairs win
     return plan
 
 
+def _refuse_heads_settings(config: LoopConfig, n_preferences: int, reuse_policy: int | None) -> None:
+    """RoundRefused before anything trains when ppo.reward_spread_penalty or ppo.drift_budget is on and the reward
+    model this round trains will have no bootstrap heads PPO can read (rlhf.reward.strategies.score_heads)."""
+    from rlhf.ppo.config import NeedsHeads
+    from rlhf.reward.strategies import FINETUNED, choose_strategy
+
+    strategy = choose_strategy(n_preferences, config.votes)
+    if reuse_policy is not None or (strategy not in FINETUNED and config.votes.n_heads >= 2):
+        return
+    try:
+        config.ppo.refuse_without_heads(f"this round trains a {strategy!r} reward model on {n_preferences} preference "
+                                        f"pairs with votes.n_heads = {config.votes.n_heads}")
+    except NeedsHeads as error:
+        raise RoundRefused(str(error)) from None
+
+
+def _refresh_promotions(store: Store, config: LoopConfig, log: Log) -> str:
+    """Every promotion decision taken again on the votes in now (annotate.promotion), the changes logged; a line on the
+    policy the round starts from and the newer candidates it passes over (recorded as round/started_from)."""
+    for policy, decision in refresh_promotions(store, config.promotion):
+        log(f"Policy {policy.id} (round {policy.round}) is {'now promoted' if decision.promoted else 'held back'}: "
+            f"{decision.reason}.")
+    current = store.current_policy()
+    passed = [p for p in store.policies() if (p.round, p.id) > (current.round, current.id)]
+    line = f"policy {current.id} (round {current.round}), the last promoted"
+    for policy in passed:
+        decision = PromotionDecision.from_json(policy.promotion)
+        line += f"; policy {policy.id} (round {policy.round}) stays a candidate" + \
+            (f": {decision.reason}" if decision is not None else "")
+    log(f"The round starts from {line}.")
+    return line
+
+
 def _actor_and_reference(store: Store, crashed: CrashedWork | None) -> tuple[Policy, str]:
-    """(the policy PPO starts from, the reference's path): the latest and the first policy, or those the crashed
-    round recorded; RoundRefused for an actor whose folder was pruned (a guard: loop.retention keeps both)."""
-    actor, reference = store.latest_policy(), store.first_policy().path
+    """(the policy PPO starts from, the reference's path): the current (last promoted) and the first policy, or those
+    the crashed round recorded; RoundRefused for an actor whose folder was pruned (a guard: loop.retention keeps
+    both)."""
+    actor, reference = store.current_policy(), store.first_policy().path
     if crashed is not None and crashed.metrics.get(ROUND_ACTOR_POLICY_ID) is not None:
         actor = store.policy(int(crashed.metrics[ROUND_ACTOR_POLICY_ID]))
         reference = crashed.metrics.get(ROUND_REFERENCE, reference)

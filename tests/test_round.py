@@ -30,6 +30,7 @@ def tiny_settings(tmp_path: Path, ppo_steps: int = 1) -> list[str]:
         "reward.batch_size=4", "reward.max_length=96", "reward.heldout_fraction=0.25", "reward.min_pairs=4",
         f"ppo.steps={ppo_steps}", "ppo.batch_size=4", "ppo.mini_batch_size=4",
         "ppo.sampling.max_new_tokens=8", "sampling.max_new_tokens=12", "pairs.batch_size=8",
+        "promotion.rule=always",  # these tests follow a chain of rounds; tests/test_promotion.py tests the evidence
     ]
 
 
@@ -307,7 +308,9 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     # round 2's top-up is chosen by round 1's reward model, as the app's generate button would choose it
     assert "chosen by the reward model at" in captured.err
     row_keys = {"round", "rm_accuracy", "reward", "kl", "win_rate", "win_rate_low", "win_rate_high", "wins", "losses",
-                "ties", "judge_score", "judge_score_se", "rm_score", "rm_score_first", "round_seconds", "seconds"}
+                "ties", "judge_score", "judge_score_se", "rm_score", "rm_score_first", "round_seconds", "seconds",
+                "policy_id", "promoted_at_round_end", "promoted", "promotion_rule", "current_policy_id",
+                "current_win_rate", "current_win_rate_low", "current_win_rate_high"}
     oracle_keys = {"oracle_win_rate", "oracle_win_rate_low", "oracle_win_rate_high", "oracle_wins", "oracle_losses",
                    "oracle_ties", "oracle_judge_score", "oracle_judge_score_se", "oracle_kl"}
 
@@ -325,6 +328,9 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     for row in result["rounds"]:
         assert set(row) == row_keys
         check_row(row)
+        # promotion.rule = "always" (tiny_settings): every policy is current after its round, its win rate the same
+        assert (row["promoted"], row["promotion_rule"], row["current_policy_id"]) == (True, "always", row["policy_id"])
+        assert row["current_win_rate"] == row["win_rate"]
     assert result["first_judge_score"] > 0 and result["first_judge_score_se"] >= 0
     printed = out.strip().splitlines()[0]
     assert "95% CI" in printed and "reward-model score" in printed
@@ -341,6 +347,7 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     out = capsys.readouterr().out
     result = json.loads(out.strip().splitlines()[-1])
     assert [row["round"] for row in result["rounds"]] == [3]
+    assert result["first_policy_id"] == store.first_policy().id  # judged against round 0, not round 2's policy
     assert set(result["rounds"][0]) == row_keys | oracle_keys
     check_row(result["rounds"][0], ("", "oracle_"), answers=4)
     assert result["rounds"][0]["oracle_kl"] is not None

@@ -1,7 +1,8 @@
 """The SQLite store: the only package that holds SQL (`annotate/store/sql.py`) and runs it.
 
-`Store` (core.py) keeps the connections and transactions and the annotation data; `RoundRecords` (rounds.py) and
-`Reports` (reports.py) are its rounds and its read-only views, mixed into the one class callers use;
+`Store` (core.py) keeps the connections and transactions and the annotation data; `PolicyRecords` (policies.py),
+`RoundRecords` (rounds.py) and `Reports` (reports.py) are its policies, its rounds and its read-only views, mixed into
+the one class callers use;
 `StoreOpenError` (opening.py) is a database that could not be opened, said in words; backup.py is the database's side
 of `--backup` and `--restore` (the online copy, and `rewrite_paths`, mixed in too).
 """

@@ -1,6 +1,6 @@
-"""The Store: connections, transactions, and the prompts, policies, generations, pairs and annotators it keeps (its
-votes and demonstrations: annotate/store/votes.py; its rounds: annotate/store/rounds.py; statistics and exports:
-annotate/store/reports.py).
+"""The Store: connections, transactions, and the prompts, generations, pairs and annotators it keeps (its policies:
+annotate/store/policies.py; its votes and demonstrations: annotate/store/votes.py; its rounds:
+annotate/store/rounds.py; statistics and exports: annotate/store/reports.py).
 
 Threads: Gradio runs handlers in threads. A file database gets one connection per thread (WAL lets readers run
 beside a writer) and this process's writers take turns on a lock, so they never sleep in SQLite's busy handler;
@@ -27,6 +27,7 @@ from annotate.identity import clean_name
 from annotate.store import sql as queries
 from annotate.store.backup import BackupRecords
 from annotate.store.opening import newer_schema, open_failure
+from annotate.store.policies import PolicyRecords
 from annotate.store.reports import Reports
 from annotate.store.rounds import RoundRecords
 from annotate.store.votes import VoteRecords
@@ -34,8 +35,8 @@ from annotate.store.sql import now
 from annotate.importers import read_prompts
 from annotate.text_limits import MAX_PROMPT_CHARS, prompt_problem
 from annotate.records import (
-    CHOSEN_BY, PAIR_KINDS, ROLES, Annotator, NameClash, NewGeneration, Generation, ImportResult, NewPair, Pair, Policy,
-    Prompt, Showing,
+    CHOSEN_BY, PAIR_KINDS, ROLES, Annotator, NameClash, NewGeneration, Generation, ImportResult, NewPair, Pair, Prompt,
+    Showing,
 )
 
 BUSY_TIMEOUT_S = 30.0
@@ -50,7 +51,7 @@ def _name(annotator: str) -> str:
     return name
 
 
-class Store(VoteRecords, RoundRecords, Reports, BackupRecords):
+class Store(PolicyRecords, VoteRecords, RoundRecords, Reports, BackupRecords):
     """Prompts, policies, generations, pairs, votes, demonstrations, rounds and annotators in one SQLite file."""
 
     def __init__(self, path: str | Path = ":memory:", reserve_seconds: float = RESERVE_SECONDS):
@@ -204,47 +205,7 @@ class Store(VoteRecords, RoundRecords, Reports, BackupRecords):
         rows = self._rows(queries.SELECT_PROMPTS_NEEDING_PAIRS, {"limit": n + len(exclude)})
         return [Prompt(**row) for row in rows if row["text"] not in exclude][:n]
 
-    # policies and generations ------------------------------------------------------------------------------------
-
-    def add_policy(self, round: int, path: str | Path, parent_id: int | None = None) -> int:
-        with self._write() as db:
-            return db["policies"].insert(
-                {"round": round, "path": str(path), "parent_id": parent_id, "created_at": now()}
-            ).last_pk
-
-    def policies(self) -> list[Policy]:
-        return [Policy(**row) for row in self._rows("SELECT * FROM policies ORDER BY id")]
-
-    def mark_policy_pruned(self, policy_id: int) -> None:
-        """Record that the policy's folder is deleted (loop.retention), so that nothing loads it again; KeyError for an
-        unknown policy. A policy marked before keeps its first time."""
-        with self._write() as db:
-            if db.conn.execute("SELECT 1 FROM policies WHERE id = ?", (policy_id,)).fetchone() is None:
-                raise KeyError(f"no policy with id {policy_id}")
-            db.conn.execute(queries.MARK_POLICY_PRUNED, (now(), policy_id))
-
-    def policy(self, policy_id: int) -> Policy:
-        rows = self._rows("SELECT * FROM policies WHERE id = ?", (policy_id,))
-        if not rows:
-            raise KeyError(f"no policy with id {policy_id}")
-        return Policy(**rows[0])
-
-    def latest_policy(self) -> Policy | None:
-        """The policy of the highest round (the last recorded among equals): the current actor."""
-        rows = self._rows("SELECT * FROM policies ORDER BY round DESC, id DESC LIMIT 1")
-        return Policy(**rows[0]) if rows else None
-
-    def first_policy(self) -> Policy | None:
-        """The reference: the last recorded policy of the lowest round (an SFT model recorded at round 0 after the
-        base model replaces it)."""
-        rows = self._rows("SELECT * FROM policies ORDER BY round ASC, id DESC LIMIT 1")
-        return Policy(**rows[0]) if rows else None
-
-    def ensure_base_policy(self, model_name: str) -> Policy:
-        """The current policy, recording `model_name` as the round-0 (base) policy when there is none yet (stored as
-        given: "default", a hub id or a folder, which rlhf.models resolves when loading)."""
-        latest = self.latest_policy()
-        return latest if latest is not None else self.policy(self.add_policy(round=0, path=str(model_name)))
+    # generations ------------------------------------------------------------------------------------------------
 
     def add_generation(self, prompt_id: int, policy_id: int, text: str, n_tokens: int, finish_reason: str) -> int:
         with self._write() as db:

@@ -207,6 +207,16 @@ def migration_9_policy_pruned_at(db: sqlite_utils.Database) -> None:
     db.conn.execute("ALTER TABLE policies ADD COLUMN pruned_at TEXT")
 
 
+def migration_10_policy_promotion(db: sqlite_utils.Database) -> None:
+    """Promotion by evidence (loop.promotion): whether a policy became current (1) or stays a candidate (0), the
+    decision's rule and numbers as JSON, and an admin's override ("promote" or "reject"). Older rows keep NULL: they
+    were current when they were made, as every policy was then."""
+    db.conn.execute("ALTER TABLE policies ADD COLUMN promoted INTEGER CHECK (promoted IN (0, 1))")
+    db.conn.execute("ALTER TABLE policies ADD COLUMN promotion TEXT")
+    db.conn.execute("ALTER TABLE policies ADD COLUMN promotion_override TEXT "
+                    "CHECK (promotion_override IN ('promote', 'reject'))")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_1_initial_schema,
     migration_2_round_pid,
@@ -217,6 +227,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_7_vote_strength,
     migration_8_round_reports,
     migration_9_policy_pruned_at,
+    migration_10_policy_promotion,
 ]
 
 INSERT_PROMPT = "INSERT INTO prompts (text, source, created_at) VALUES (?, ?, ?) ON CONFLICT (text) DO NOTHING"
@@ -293,6 +304,8 @@ SELECT_VERSUS_TALLIES = """
     GROUP BY ga.policy_id, gb.policy_id ORDER BY ga.policy_id, gb.policy_id"""
 
 MARK_POLICY_PRUNED = "UPDATE policies SET pruned_at = ? WHERE id = ? AND pruned_at IS NULL"
+SET_POLICY_PROMOTION = "UPDATE policies SET promoted = ?, promotion = ? WHERE id = ?"
+SET_PROMOTION_OVERRIDE = "UPDATE policies SET promotion_override = ? WHERE id = ?"
 
 UPSERT_ROUND_REPORT = """
     INSERT INTO round_reports (round_id, created_at, report) VALUES (?, ?, ?)

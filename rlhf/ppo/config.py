@@ -20,6 +20,15 @@ ROLLOUT_SAMPLING = {"max_new_tokens": 48, "top_p": 1.0, "repetition_penalty": 1.
 budget), no nucleus, no repetition penalty; temperature 0.7, no top-k and no min_new_tokens as there."""
 
 
+class NeedsHeads(ValueError):
+    """A setting that reads the reward model's bootstrap heads is on and there are none; the message says what to
+    set."""
+
+
+HEADS_SETTINGS = ("reward_spread_penalty", "drift_budget")
+"""PPOConfig's settings that read the reward model's bootstrap heads (rlhf.reward.conservative)."""
+
+
 def rollout_sampling(**settings) -> Sampling:
     """PPO's default rollout sampling with `settings` changed."""
     return Sampling(**{**ROLLOUT_SAMPLING, **settings})
@@ -75,6 +84,15 @@ class PPOConfig:
     """End the run early, after the step whose mean KL per answer to the reference (ppo/kl, summed over the answer's
     tokens) is above this; 0 = off. A budget of drift: a reward model fitted on few votes is over-optimised long before
     the steps run out, and its held-out votes are too few to tell when."""
+    reward_spread_penalty: float = ranged(0.0, at_least(0, "0: off"))
+    """k of a conservative reward: an answer's reward is the mean of the reward model's bootstrap heads' scores less k
+    times their standard deviation (population, as their disagreement is; rlhf.reward.conservative), in place of the
+    main head's score, so PPO gains nothing from answers only some heads like (Coste et al. 2023); 0 = off (the main
+    head's score, unchanged). Needs a "head" or "ensemble" reward model with votes.n_heads of 2 or more."""
+    drift_budget: float = ranged(0.0, at_least(0, "0: off"))
+    """End the run early, after the step whose answers' mean head spread (ppo/head_spread: the standard deviation of
+    the bootstrap heads' scores of an answer) is above (1 + this) times the first step's: the answers have moved where
+    the votes say little; 0 = off. Needs the heads as reward_spread_penalty does."""
     whiten_advantages: bool = False
     """Whiten advantages over the batch's response tokens (TRL does; DeepSpeed-Chat does not)."""
     normalize_rewards: bool = False
@@ -109,6 +127,17 @@ class PPOConfig:
             raise ValueError(f"sampling.temperature must be above 0 (PPO samples), not {self.sampling.temperature}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, not {self.mixed_precision!r}")
+
+    def refuse_without_heads(self, why: str) -> None:
+        """NeedsHeads (a ValueError) saying what to set when a setting on needs the reward model's bootstrap heads
+        (HEADS_SETTINGS) and there are none, `why` saying why."""
+        on = [name for name in HEADS_SETTINGS if getattr(self, name)]
+        if on:
+            verb = "needs" if len(on) == 1 else "need"
+            raise NeedsHeads(f"{' and '.join(f'ppo.{name} = {getattr(self, name)}' for name in on)} {verb} the reward "
+                             f"model's bootstrap heads, and there are none: {why}. Train the reward model with "
+                             f"votes.strategy \"head\" or \"ensemble\" and votes.n_heads of 2 or more, or set "
+                             f"{' and '.join(f'ppo.{name} = 0' for name in on)}.")
 
     @property
     def fused_first_update(self) -> bool:

@@ -45,13 +45,16 @@ class Experience:
     returns: Tensor
     """(B, T) advantages + values before whitening: the critic's regression targets."""
     reward_score: Tensor
-    """(B,) reward-model score of each whole sequence, as produced (before normalisation, penalty, clip)."""
+    """(B,) reward-model score of each whole sequence, as produced (before normalisation, penalty, clip): with
+    ppo.reward_spread_penalty the bootstrap heads' conservative score."""
     response_length: Tensor
     """(B,) number of response tokens, the first EOS included."""
     ended: Tensor
     """(B,) True where the response ended with EOS, False where it hit the length limit."""
     kl: Tensor
     """(B, T) log_probs - ref_log_probs on response tokens, 0 elsewhere (the per-token KL estimate)."""
+    head_spread: Tensor | None = None
+    """(B,) population std of the reward model's bootstrap heads' scores of each answer; None without heads."""
 
     @property
     def prompt_width(self) -> int:
@@ -60,7 +63,8 @@ class Experience:
 
     def select(self, index: Tensor) -> "Experience":
         """The rows `index` of every field (a mini-batch); prompt and response widths are kept."""
-        return Experience(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        picked = {f.name: getattr(self, f.name) for f in fields(self)}
+        return Experience(**{name: None if value is None else value[index] for name, value in picked.items()})
 
 
 def policy_generation_config(tokenizer, sampling: Sampling, ends: EndTokens) -> GenerationConfig:

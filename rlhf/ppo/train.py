@@ -20,8 +20,9 @@ from rlhf.models import (adapter_base_path, base_reference, context_length, is_a
                          load_causal_lm, load_tokenizer, prepare_model_and_tokenizer, prompt_budget, resolve_model_path,
                          tell_once)
 from rlhf.distributed import make_accelerator
-from rlhf.ppo.trainer import PPOConfig, PPOTrainer, RewardFunction
+from rlhf.ppo.trainer import AnswerScoring, PPOConfig, PPOTrainer, RewardFunction
 from rlhf.reward.model import RewardModel
+from rlhf.reward.strategies import score_heads
 
 HEAD_NAMES = {"lm_head", "v_head", "score"}
 """Output layers: trained in full or kept frozen, never given adapters."""
@@ -100,6 +101,21 @@ def fit_prompt_length(config: PPOConfig, model_config) -> PPOConfig:
     return replace(config, max_prompt_length=budget)
 
 
+def ppo_reward_heads(config: PPOConfig, reward_model_path: str | Path,
+                     reward_function: RewardFunction | None = None) -> torch.Tensor | None:
+    """The bootstrap heads (H, D) that score on the reward model's own features (rlhf.reward.strategies.score_heads),
+    for the conservative reward, the drift budget and ppo/head_spread; None when there are none or a reward function
+    scores the answers, refused (a ValueError saying what to set) when a setting needs them."""
+    if reward_function is not None:
+        heads, why = None, "a reward function scores the answers in place of the reward model"
+    else:
+        heads, why = score_heads(reward_model_path)
+        why = f"the reward model {reward_model_path}: {why}"
+    if heads is None:
+        config.refuse_without_heads(why)
+    return heads
+
+
 def build_ppo_trainer(
     actor_path: str | Path,
     reward_model_path: str | Path,
@@ -117,8 +133,9 @@ def build_ppo_trainer(
     actor folder of adapters (a LoRA policy) goes on training them on their base (`load_lora_actor`); without LoRA it
     loads merged and trains in full.
     With a `reward_function` the answers are scored by it: the reward model is not loaded, the critic still starts
-    from `reward_model_path`.
+    from `reward_model_path`. The reward model's bootstrap heads come along when it has them (`ppo_reward_heads`).
     """
+    heads = ppo_reward_heads(config, reward_model_path, reward_function)  # refused before any model loads
     accelerator = accelerator or make_accelerator(config.mixed_precision)
     # Frozen models stay in fp32 under bf16 autocast, as the trained ones. Stored in bf16, a model's residual
     # stream is bf16 as well: the reference's log-probs then drift from the actor's at equal weights (KL -0.034
@@ -142,7 +159,7 @@ def build_ppo_trainer(
     if reward_function is None and not (config.use_lora and same_critic):
         reward_model = RewardModel.from_pretrained(reward_model_path, dtype=torch.float32)
     return PPOTrainer(actor, critic, tokenizer, config, reward_model=reward_model, reference=reference,
-                      accelerator=accelerator, reward_function=reward_function)
+                      accelerator=accelerator, scoring=AnswerScoring(reward_function, heads))
 
 
 def reward_label(reward_model_path: str | Path, reward_function: RewardFunction | None = None) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -42,8 +43,22 @@ from rlhf.ppo.experience import (
     response_values,
     sequence_answer_mask,
 )
+from rlhf.reward.conservative import conservative_scores, drift_exceeded, head_spread
 
 Tensor = torch.Tensor
+
+
+@dataclass
+class AnswerScoring:
+    """What scores PPO's answers besides PPOTrainer's reward model."""
+
+    function: RewardFunction | None = None
+    """Scores the decoded answers in place of the reward model (`PPOTrainer.reward_scores`), which is then not needed.
+    config.normalize_rewards, the clip and the truncation penalty apply to its scores as to a model's: a caller whose
+    function has its own units turns normalisation on (loop.config.function_ppo_settings)."""
+    heads: Tensor | None = None
+    """(H, D) bootstrap heads on the reward model's own features (rlhf.reward.strategies.score_heads), for the
+    conservative reward (config.reward_spread_penalty), the drift budget and ppo/head_spread; unused with a function."""
 
 
 class PPOTrainer:
@@ -55,14 +70,16 @@ class PPOTrainer:
     reference: frozen causal LM; None means the actor with its adapters disabled (LoRA mode only).
     reward_model: frozen value model; None means the critic with its adapters disabled (LoRA mode, when
     the critic was initialised from the reward model, as DeepSpeed-Chat initialises it).
-    reward_function: scores the decoded answers in place of the reward model (`reward_scores`); the reward model is
-    then not needed. config.normalize_rewards, the clip and the truncation penalty apply to its scores as to a
-    model's: a caller whose function has its own units turns normalisation on (loop.config.function_ppo_settings).
+    scoring: a reward function in place of the reward model, or the reward model's bootstrap heads (AnswerScoring).
     """
 
     def __init__(self, actor, critic, tokenizer, config: PPOConfig, reward_model=None, reference=None,
-                 accelerator: Accelerator | None = None, reward_function: RewardFunction | None = None):
+                 accelerator: Accelerator | None = None, scoring: AnswerScoring | None = None):
         self.config = config
+        scoring = scoring or AnswerScoring()
+        reward_function, reward_heads = scoring.function, None if scoring.function is not None else scoring.heads
+        if reward_heads is None:
+            config.refuse_without_heads("the trainer was given none (AnswerScoring.heads)")
         self.accelerator = accelerator or make_accelerator(config.mixed_precision)
         set_seed(config.seed, device_specific=True)
         if reference is None and not hasattr(actor, "disable_adapter"):
@@ -85,6 +102,7 @@ class PPOTrainer:
         device = self.accelerator.device
         self.reference = None if reference is None else reference.to(device).eval().requires_grad_(False)
         self.reward_model = None if reward_model is None else reward_model.to(device).eval().requires_grad_(False)
+        self.reward_heads = None if reward_heads is None else reward_heads.float().to(device)  # (H, D)
         self.kl_controller = (AdaptiveKLController(config.kl_ctl, config.kl_target, config.kl_horizon)
                               if config.adaptive_kl else FixedKLController(config.kl_ctl))
         self.reward_moments = RunningMoments()
@@ -127,20 +145,36 @@ class PPOTrainer:
             return self.log_probs(self.unwrapped_actor(), sequences, attention_mask, width)[0]
 
     def reward_scores(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor, ended: Tensor) -> Tensor:
-        """(B,) reward-model scores of whole sequences (a mean-pooled one averages the response), or the reward
-        function's scores of the decoded answers when there is one; inference_mode."""
+        """(B,) PPO's reward of each answer (`scores_and_spread`); inference_mode."""
+        return self.scores_and_spread(sequences, attention_mask, action_mask, ended)[0]
+
+    def scores_and_spread(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor,
+                          ended: Tensor) -> tuple[Tensor, Tensor | None]:
+        """((B,) reward of each answer, (B,) spread of the bootstrap heads' scores of it or None without heads).
+
+        The reward: the reward model's score of the whole sequence (a mean-pooled one averages the response), or
+        with config.reward_spread_penalty k > 0 the heads' conservative score, mean - k * std
+        (rlhf.reward.conservative), or the reward function's scores of the decoded answers when there is one.
+        """
         if self.reward_function is not None:
             texts = self.answer_texts(sequences, action_mask, ended)
             scores = [float(score) for score in self.reward_function(texts)]
             if len(scores) != len(texts):
                 raise ValueError(f"the reward function returned {len(scores)} scores for {len(texts)} answers")
-            return torch.tensor(scores, dtype=torch.float32, device=sequences.device)  # (B,)
+            return torch.tensor(scores, dtype=torch.float32, device=sequences.device), None  # (B,)
         answer_mask = sequence_answer_mask(action_mask, sequences.shape[1])  # (B, P+T)
+        heads = {} if self.reward_heads is None else {"heads": self.reward_heads}  # any value model takes none
         if self.reward_model is not None:
-            return self.reward_model.forward_value(sequences, attention_mask, answer_mask).scores
-        critic = self.unwrapped_critic()
-        with critic.disable_adapter():
-            return critic.forward_value(sequences, attention_mask, answer_mask).scores
+            output = self.reward_model.forward_value(sequences, attention_mask, answer_mask, **heads)
+        else:
+            critic = self.unwrapped_critic()
+            with critic.disable_adapter():
+                output = critic.forward_value(sequences, attention_mask, answer_mask, **heads)
+        if self.reward_heads is None:
+            return output.scores, None
+        head_scores = output.head_scores.float().T  # (H, B)
+        k = self.config.reward_spread_penalty
+        return (conservative_scores(head_scores, k) if k else output.scores), head_spread(head_scores)
 
     def answer_texts(self, sequences: Tensor, action_mask: Tensor, ended: Tensor) -> list[str]:
         """The batch's answers as text, as people and the demo's judge read them (rlhf.generate.decode_answers)."""
@@ -238,11 +272,12 @@ class PPOTrainer:
                     trainable = self.frozen_forward(sequences, attention_mask, width)
             with torch.inference_mode():
                 ref_log_probs = self.reference_log_probs(sequences, attention_mask, width)  # (B, T)
-                reward_score = self.reward_scores(sequences, attention_mask, action_mask, ended)  # (B,)
+                reward_score, spread = self.scores_and_spread(sequences, attention_mask, action_mask, ended)  # (B,)
         log_probs, values = (t.detach().clone().float() for t in trainable[:2])  # (B, T) each
         # 4 rewards and 5 advantages
         experience = self.make_experience(sequences, attention_mask, action_mask, ended, log_probs,
                                           ref_log_probs.clone().float(), values, reward_score.clone().float())
+        experience.head_spread = None if spread is None else spread.clone().float()  # (B,)
         return experience, trainable if keep_graph else None
 
     def update(self, experience: Experience, trainable: tuple | None = None) -> list[dict]:
@@ -285,6 +320,8 @@ class PPOTrainer:
             "ppo/values": masked_mean(experience.values, action_mask),
             "gen/tokens_per_s": action_mask.sum() / max(generated_at - start, 1e-9),
         })
+        if experience.head_spread is not None:
+            metrics["ppo/head_spread"] = experience.head_spread.mean()
         names = list(metrics)
         stacked = torch.stack([metrics[n].float().to(self.accelerator.device) for n in names])
         reduced = self.accelerator.reduce(stacked, reduction="mean")
@@ -298,7 +335,8 @@ class PPOTrainer:
 
     def train(self, prompts: list[str], on_step: Callable[[dict], None] | None = None) -> list[dict]:
         """Steps over the prompts (this process's share), as many as config.steps or config.epochs say, or fewer when
-        a step's KL passes config.stop_at_kl.
+        a step's KL passes config.stop_at_kl or its head spread config.drift_budget (that step's metrics then hold
+        ppo/drift_stopped = 1).
 
         `on_step(metrics)` runs after every step on every process, with the metrics averaged over processes.
         """
@@ -318,6 +356,11 @@ class PPOTrainer:
             batch, order = [shard[i] for i in order[:config.batch_size]], order[config.batch_size:]
             metrics = {"ppo/step": step_index + 1, **self.step(batch)}
             refuse_non_finite(f"PPO step {step_index + 1} of {total}", metrics)  # the same reduced metrics everywhere
+            first = history[0] if history else metrics
+            drifted = bool(config.drift_budget) and drift_exceeded(first["ppo/head_spread"], metrics["ppo/head_spread"],
+                                                                   config.drift_budget)
+            if drifted:  # recorded with the step, before on_step hands it on
+                metrics["ppo/drift_stopped"] = 1.0
             history.append(metrics)
             if on_step is not None:
                 on_step(metrics)
@@ -326,6 +369,11 @@ class PPOTrainer:
             if config.stop_at_kl and metrics["ppo/kl"] > config.stop_at_kl:  # the same reduced KL on every process
                 progress.write(f"PPO: stopped after step {step_index + 1} of {total}: KL {metrics['ppo/kl']:.3f} per "
                                f"answer is above ppo.stop_at_kl = {config.stop_at_kl}.")
+                break
+            if drifted:  # the same reduced spreads on every process
+                progress.write(f"PPO: stopped after step {step_index + 1} of {total}: head spread "
+                               f"{metrics['ppo/head_spread']:.3f} per answer is above (1 + ppo.drift_budget = "
+                               f"{config.drift_budget}) times the first step's {first['ppo/head_spread']:.3f}.")
                 break
         progress.close()
         return history

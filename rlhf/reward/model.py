@@ -56,6 +56,9 @@ class RewardOutput:
     scores: torch.Tensor | None
     """(B,) the reward of prompt + answer; None from a mean-pooled model called without an answer mask (a
     critic needs only the values)."""
+    head_scores: torch.Tensor | None = None
+    """(B, H) each row's score under each of the `heads` (H, D) that `forward_value` was given, read from the same
+    hidden states and pooled as `scores` are; None without heads."""
 
 
 def is_reward_model_dir(path: str | os.PathLike) -> bool:
@@ -194,11 +197,14 @@ class RewardModel(nn.Module):
     # ---- use -----------------------------------------------------------------------------------------
 
     def forward_value(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      answer_mask: torch.Tensor | None = None) -> RewardOutput:
+                      answer_mask: torch.Tensor | None = None, heads: torch.Tensor | None = None) -> RewardOutput:
         """Values at every position and each row's score; left or right padding.
 
         answer_mask (B, L), 1 on the answer's tokens (its EOS included), is what a mean-pooled score averages
         over; without it such a model returns the values only (scores None). Last-token scores ignore it.
+        `heads` (H, D), linear heads on the same features as v_head (a head strategy's bootstrap heads), add each
+        row's score under each of them (head_scores, fp32 whatever the autocast: one small matmul); values and scores
+        are unchanged.
         """
         hidden = self.backbone(
             input_ids=input_ids,
@@ -207,7 +213,13 @@ class RewardModel(nn.Module):
             use_cache=False,
         ).last_hidden_state  # (B, L, D)
         values = self.v_head(hidden).squeeze(-1)  # (B, L)
-        return RewardOutput(values=values, scores=self.scores_from_values(values, attention_mask, answer_mask))
+        output = RewardOutput(values=values, scores=self.scores_from_values(values, attention_mask, answer_mask))
+        if heads is not None and output.scores is not None:  # a mean pooling needs the answer mask
+            with torch.autocast(hidden.device.type, enabled=False):  # fp32: their spread is a small difference
+                head_values = hidden.float() @ heads.float().T  # (B, L, H)
+            output.head_scores = torch.stack([self.scores_from_values(head_values[..., h], attention_mask, answer_mask)
+                                              for h in range(heads.shape[0])], dim=-1)  # (B, H)
+        return output
 
     def scores_from_values(self, values: torch.Tensor, attention_mask: torch.Tensor,
                            answer_mask: torch.Tensor | None) -> torch.Tensor | None:

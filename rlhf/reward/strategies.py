@@ -268,6 +268,24 @@ def saved_strategy(path: str | Path) -> str | None:
     return json.loads(strategy_file.read_text(encoding="utf-8")).get("strategy")
 
 
+def score_heads(path: str | Path) -> tuple[torch.Tensor | None, str]:
+    """(the bootstrap heads (H, D) float32 that score on the features the reward model folder at `path` scores with,
+    "") or (None, why there are none): only a "head" or "ensemble" folder's heads read its v_head's features (an
+    "lpft" or "full" one's read the frozen base model's), and one head (votes.n_heads 0 or 1) has no spread."""
+    strategy = saved_strategy(path)
+    if strategy is None:
+        return None, "no head strategy trained it (it holds no preference_strategy.json)"
+    if strategy in FINETUNED:
+        return None, (f'its strategy "{strategy}" fine-tuned the decoder, and its bootstrap heads score the frozen '
+                      "base model's features, not those it scores with")
+    if not (Path(path) / HEADS_FILE).is_file():
+        return None, f"it holds no {HEADS_FILE}"
+    heads = load_file(str(Path(path) / HEADS_FILE))["heads"].float()  # (H, D)
+    if heads.shape[0] < 2:
+        return None, f"it holds {heads.shape[0]} head (votes.n_heads was 0 or 1)"
+    return heads, ""
+
+
 def scores_last_token(path: str | Path | None) -> bool:
     """Whether `path` is a reward model folder scoring the last token of the final output (what "full" trains:
     a head strategy's mean@L folder is no starting point for it)."""
