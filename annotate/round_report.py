@@ -15,8 +15,8 @@ from html import escape
 
 from annotate.metrics import (
     HISTORY, PPO_KL, PPO_REWARD, RM_HELDOUT_ACCURACY, RM_HELDOUT_HIGH, RM_HELDOUT_LOW, RM_HELDOUT_N, RM_N_TRAIN,
-    RM_TRAIN_ACCURACY, ROUND_NORMALIZE_REWARDS, ROUND_PPO_LAM, ROUND_PPO_REWARD, ROUND_PPO_SEED, ROUND_REFERENCE,
-    ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY, ROUND_SECONDS, STAGES, Metric, stage_seconds,
+    RM_TRAIN_ACCURACY, ROUND_NORMALIZE_REWARDS, ROUND_PPO_LAM, ROUND_PPO_REWARD, ROUND_PPO_SEED, ROUND_PROMOTION,
+    ROUND_REFERENCE, ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY, ROUND_SECONDS, STAGES, Metric, stage_seconds,
 )
 from annotate.records import WinRate
 from annotate.statistics import wilson_interval
@@ -101,6 +101,8 @@ class RoundReport:
     made_at: str = ""
     finished_at: str | None = None
     """When the round finished (None: it had not when the report was made)."""
+    promotion: str = ""
+    """The new policy's promotion decision at the round's end, in a sentence (`promotion_text`); "" when none."""
 
     def mean_scores(self) -> tuple[float | None, float | None]:
         """The mean reward-model score of the answers before and after (None where none was scored)."""
@@ -177,6 +179,16 @@ def round_seconds(metrics: dict) -> tuple[ReportFigure, ...]:
     """The seconds of each stage the round timed (annotate.metrics.STAGES), then the whole round's."""
     timed = [stage_seconds(stage) for stage in STAGES] + [ROUND_SECONDS]
     return tuple(ReportFigure.of(metric, metrics) for metric in timed if metric.of(metrics) is not None)
+
+
+def promotion_text(metrics: dict) -> str:
+    """The round-end promotion decision (round/promotion, annotate.promotion) in a sentence; "" without one."""
+    decision = metrics.get(ROUND_PROMOTION)
+    if not decision:
+        return ""
+    state = "promoted: it is the current policy" if decision["promoted"] else "kept a candidate, not promoted"
+    return (f"At the round's end the new policy was {state} ({decision['rule']}: {decision['reason']}). People's "
+            "votes on its versus pairs decide again at the next round's start (python app.py --policies).")
 
 
 def versus_votes(win_rates: list[WinRate], policy_id: int, opponent_id: int, counted_at: str = "") -> VersusVotes:
@@ -329,6 +341,7 @@ def report_html(report: RoundReport) -> str:
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
         f"<title>Round {report.round_id} report: rlhf-loop</title><style>{STYLE}</style></head><body><main>"
         f"<header><h1>Round {report.round_id} report</h1><p class=\"lead\">{escape(lead)}</p>"
+        + (f"<p class=\"lead\">{escape(report.promotion)}</p>" if report.promotion else "") +
         "<nav><a href=\"#figures\">Figures</a><a href=\"#votes\">Votes</a><a href=\"#settings\">Settings</a>"
         "<a href=\"#answers\">Answers</a></nav></header>"
         + _figures_section(report) + _votes_section(report)

@@ -15,8 +15,8 @@ from pathlib import Path
 from annotate.metrics import ROUND_ACTOR_POLICY_ID, ROUND_POLICY_ID, ROUND_PPO_PROMPTS, ROUND_REWARD_MODEL_PATH
 from annotate.records import Round
 from annotate.round_report import (
-    ReportAnswer, RoundReport, headline_figures, report_html, round_seconds, round_settings, versus_votes,
-    with_votes_now,
+    ReportAnswer, RoundReport, headline_figures, promotion_text, report_html, round_seconds, round_settings,
+    versus_votes, with_votes_now,
 )
 from annotate.store import Store, now
 from loop.config import LoopConfig
@@ -142,7 +142,7 @@ def make_round_report(store: Store, round_id: int, config: LoopConfig,
         settings=round_settings(round_.metrics, f"policy {before_id}: {before_path}",
                                 f"policy {after_id}: {after_path}"),
         seconds=round_seconds(round_.metrics), prompts_from=source, unscored=unscored, made_at=made_at,
-        finished_at=round_.finished_at,
+        finished_at=round_.finished_at, promotion=promotion_text(round_.metrics),
     )
     store.save_round_report(round_id, report.to_dict())
     log(f"Round {round_id} report: {len(scored)} prompts answered before and after, kept in {store.path}.")

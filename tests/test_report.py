@@ -97,6 +97,10 @@ def test_the_reports_versus_votes_are_the_stores(reported):
     assert votes.win_rate == entry.win_rate
     if entry.win_rate is not None:
         assert votes.interval() == wilson_interval(entry.win_rate, entry.wins + entry.losses + entry.ties)
+    # the round-end promotion decision (promotion.rule = "always" in tiny_settings), said on the page, escaped
+    assert reported.report.promotion.startswith("At the round's end the new policy was promoted: it is the current "
+                                                "policy (always: promotion.rule = ")
+    assert "promotion.rule = &quot;always&quot;" in report_html(reported.report)
 
 
 def test_the_win_rate_and_held_out_interval_worked_by_hand():
