@@ -3,7 +3,8 @@ with its n. Pure functions over the store's rows; the Dashboard shows the table 
 
 Position bias: of a person's a/b votes, the share that picked the answer shown on the left (the store records the side,
 `votes.a_on_left`), with an exact two-sided binomial test against a fair 50% (a careful person's left picks vary
-around half; one who always clicks the left button does not).
+around half; one who always clicks the left button does not). Reliability: their accuracy by Dawid-Skene on the pairs
+with several a/b votes (annotate.reliability), with its Wilson interval and n.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from annotate.agreement import AgreementReport
 from annotate.records import Vote
+from annotate.reliability import AnnotatorReliability, dawid_skene, labels_from_votes
 from annotate.statistics import binomial_two_sided_p, wilson_interval
 
 
@@ -35,6 +37,8 @@ class Person:
     """Share of those comparisons in which the labels were equal; None without shared pairs."""
     median_seconds: float | None
     """Median time on a pair before voting; None when no vote recorded its time."""
+    reliability: AnnotatorReliability | None = None
+    """Their Dawid-Skene accuracy on pairs with other a/b votes; None without such pairs."""
 
     @property
     def left_share(self) -> float | None:
@@ -56,6 +60,7 @@ def people(votes: list[Vote], agreement: AgreementReport) -> list[Person]:
         for name in (pair.annotator_1, pair.annotator_2):
             items, agreeing = shared.get(name, (0, 0.0))
             shared[name] = (items + pair.items, agreeing + pair.percent * pair.items)
+    reliability = dawid_skene(labels_from_votes(votes)).annotators
     rows = []
     for name, own in by_name.items():
         ab = [vote for vote in own if vote.choice in ("a", "b")]
@@ -63,12 +68,13 @@ def people(votes: list[Vote], agreement: AgreementReport) -> list[Person]:
         seconds = [vote.seconds for vote in own if vote.seconds is not None]
         items, agreeing = shared.get(name, (0, 0.0))
         rows.append(Person(name, len(own), len(ab), left, binomial_two_sided_p(left, len(ab)), items,
-                           agreeing / items if items else None, statistics.median(seconds) if seconds else None))
+                           agreeing / items if items else None, statistics.median(seconds) if seconds else None,
+                           reliability.get(name)))
     return sorted(rows, key=lambda person: (-person.votes, person.name))
 
 
 PEOPLE_COLUMNS = ["annotator", "votes", "a/b votes", "left picks (95% interval)", "p (left vs half)",
-                  "agreement with others (n)", "median seconds"]
+                  "agreement with others (n)", "median seconds", "Dawid-Skene accuracy (95%, n)"]
 
 
 def people_rows(rows: list[Person]) -> list[list]:
@@ -82,5 +88,9 @@ def people_rows(rows: list[Person]) -> list[list]:
             left = ""
         agreement = "" if person.agreement is None else f"{person.agreement:.0%} (n={person.shared_pairs})"
         seconds = "" if person.median_seconds is None else f"{person.median_seconds:.1f}"
-        table.append([person.name, person.votes, person.ab_votes, left, f"{person.left_p:.3g}", agreement, seconds])
+        estimate = person.reliability
+        accuracy = "" if estimate is None else \
+            f"{estimate.accuracy:.0%} ({estimate.low:.0%}-{estimate.high:.0%}, n={estimate.n})"
+        table.append([person.name, person.votes, person.ab_votes, left, f"{person.left_p:.3g}", agreement, seconds,
+                      accuracy])
     return table

@@ -6,11 +6,14 @@ preference that is neither length nor one token), `courteous` (the same with ten
 that are not word lists (annotate.annotators): `structured` (lists and headings), `example` (a concrete example),
 `formal` (formal register) and `concise` (information per word). TUNING_RULES are for development, HELD_OUT_RULES
 only for reporting (docs/annotators.md). Noise flips a share of a/b votes, as disagreeing human labellers would.
+Every simulated vote records a careful reader's seconds; teams with careless members beside these rules are
+annotate.team.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import random
 import re
 from collections import Counter
@@ -229,9 +232,49 @@ class SimulationResult:
     much_better: int = 0
     """a/b votes graded "much better" (strength 2); the other graded a/b votes are "slightly better"."""
 
+    def add(self, choice: str, strength: int | None) -> None:
+        """Count one recorded vote."""
+        self.votes += 1
+        self.choices[choice] += 1
+        self.much_better += strength == 2
+
 
 SCALE_ANSWERS = 400
 """simulate_votes' default grading scale: score_scale over this many of the store's latest answers."""
+CAREFUL_MEDIAN_SECONDS = 12.0
+CAREFUL_SECONDS_SPREAD = 0.6
+"""A careful reader's seconds on a pair are lognormal: median 12 s, log-spread 0.6 (nine in ten between about 4.5
+and 32 s: two answers of a few sentences, read and compared), kept within 2 to 120 s."""
+
+
+def careful_seconds(rng: random.Random) -> float:
+    """Plausible seconds a careful person looks at a pair before voting (CAREFUL_MEDIAN_SECONDS)."""
+    seconds = rng.lognormvariate(math.log(CAREFUL_MEDIAN_SECONDS), CAREFUL_SECONDS_SPREAD)
+    return round(min(120.0, max(2.0, seconds)), 2)
+
+
+def cast_vote(store, showing, judge: Judge, annotator: str, seconds: float | None = None,
+              score: Callable[[str], float] | None = None, scale: float | None = None) -> tuple[str, int | None]:
+    """Judge one showing and record the vote; (choice about gen_a/gen_b, strength).
+
+    The judge sees the answers on the sides the store chose for this showing (`Showing.a_on_left`), as a person would;
+    its verdict ("a": the left answer) is translated back to the pair's gen_a/gen_b. With `score` and a positive
+    `scale`, an a/b vote is graded as `graded` does, at least slightly better (a score tie under the judge's a/b
+    verdict, as after a flip, reads as slightly).
+    """
+    left, right = showing.left, showing.right
+    verdict = judge(showing.prompt, left, right)
+    if verdict not in VALID_JUDGEMENTS:
+        raise AnnotatorSpecError(f"annotator returned {verdict!r}; expected one of {', '.join(VALID_JUDGEMENTS)}")
+    choice = verdict
+    if verdict in ("a", "b") and not showing.a_on_left:  # the judge's "a" was the pair's gen_b
+        choice = "b" if verdict == "a" else "a"
+    strength = None
+    if score is not None and scale is not None and scale > 0 and choice in ("a", "b"):
+        strength = max(1, graded(score, showing.prompt, left, right, scale)[1])
+    store.record_vote(showing.pair_id, annotator, choice, a_on_left=showing.a_on_left, seconds=seconds,
+                      strength=strength)
+    return choice, strength
 
 
 def simulate_votes(store, judge: Judge, annotator: str, n_votes: int, overlap: int = 1,
@@ -239,35 +282,21 @@ def simulate_votes(store, judge: Judge, annotator: str, n_votes: int, overlap: i
                    scale: float | None = None) -> SimulationResult:
     """Vote on up to `n_votes` waiting pairs as `annotator`, through store.next_pair and store.record_vote.
 
-    The judge sees the answers on the sides the store chose for this showing, as a person would; its
-    verdict is translated back to the pair's gen_a/gen_b before recording. With `score` (the annotator's own,
-    resolve_score), a/b votes are graded as `graded` does: much better (strength 2) where the two answers' scores
+    Each vote is cast by `cast_vote`: the judge sees the sides the store chose for this showing. With `score` (the
+    annotator's own, resolve_score), a/b votes are graded: much better (strength 2) where the two answers' scores
     differ by at least `scale` (default: score_scale over the store's SCALE_ANSWERS latest answers), else slightly
-    (1). The side is the judge's, so a vote that noise flipped keeps its strength.
+    (1). The side is the judge's, so a vote that noise flipped keeps its strength. Each vote records a careful
+    reader's seconds (careful_seconds), drawn from their own seeded stream so the sides shown do not change with them.
     """
-    rng = random.Random(seed)
+    rng, seconds_rng = random.Random(seed), random.Random(f"{seed}:seconds")
     result = SimulationResult(annotator=annotator)
     if score is not None and scale is None:
         scale = score_scale(score, store.latest_answer_texts(SCALE_ANSWERS))
-    grading = score is not None and scale is not None and scale > 0
     store.add_annotator(annotator)
     for _ in range(n_votes):
         showing = store.next_pair(annotator, overlap=overlap, rng=rng)
         if showing is None:
             result.queue_empty = True
             break
-        left, right = (showing.text_a, showing.text_b) if showing.a_on_left else (showing.text_b, showing.text_a)
-        verdict = judge(showing.prompt, left, right)
-        if verdict not in VALID_JUDGEMENTS:
-            raise AnnotatorSpecError(f"annotator returned {verdict!r}; expected one of {', '.join(VALID_JUDGEMENTS)}")
-        choice = verdict
-        if verdict in ("a", "b") and not showing.a_on_left:  # the judge's "a" was the pair's gen_b
-            choice = "b" if verdict == "a" else "a"
-        strength = None
-        if grading and choice in ("a", "b"):  # a score tie under a judge's a/b verdict reads as slightly better
-            strength = max(1, graded(score, showing.prompt, left, right, scale)[1])
-            result.much_better += strength == 2
-        store.record_vote(showing.pair_id, annotator, choice, a_on_left=showing.a_on_left, strength=strength)
-        result.votes += 1
-        result.choices[choice] += 1
+        result.add(*cast_vote(store, showing, judge, annotator, careful_seconds(seconds_rng), score, scale))
     return result

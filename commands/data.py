@@ -10,7 +10,15 @@ import sys
 from pathlib import Path
 
 from annotate.importers import PromptImportError
-from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, resolve_score, simulate_votes
+from annotate.simulate import (
+    AnnotatorSpecError,
+    SimulationResult,
+    noisy,
+    resolve_judge,
+    resolve_score,
+    simulate_votes,
+)
+from annotate.team import TEAM_ANNOTATOR, build_team, parse_team, simulate_team_votes
 from annotate.store import Store, StoreOpenError
 from loop.config import LoopConfig
 from loop.config_files import config_as_toml
@@ -84,8 +92,14 @@ def export(args, config: LoopConfig) -> int:
 
 
 def simulate(args, config: LoopConfig) -> int:
-    """`--simulate ANNOTATOR --votes N`: vote on waiting pairs through the same store path as people."""
+    """`--simulate ANNOTATOR --votes N`: vote on waiting pairs through the same store path as people;
+    `--simulate team` votes as the team of [simulate] team (`--team SPEC`)."""
     sim = config.simulate
+    if args.simulate == TEAM_ANNOTATOR:
+        return simulate_team(config)
+    if getattr(args, "team", None):
+        return _fail(f"--team votes with a team: give --simulate {TEAM_ANNOTATOR} --team SPEC (--simulate "
+                     f"{args.simulate} is one annotator)")
     try:
         judge = resolve_judge(args.simulate)
         if sim.noise:
@@ -99,10 +113,40 @@ def simulate(args, config: LoopConfig) -> int:
                                     score=resolve_score(args.simulate))
         except AnnotatorSpecError as error:
             return _fail(str(error))
-        choices = ", ".join(f"{choice} {count}" for choice, count in sorted(result.choices.items())) or "none"
-        much = f"; {result.much_better} of the a/b votes much better" if result.much_better else ""
-        print(f"{name} voted {result.votes} times ({choices}{much}); {store.pairs_waiting(overlap=config.app.overlap)} "
+        print(f"{name} voted {_votes_text(result)}; {store.pairs_waiting(overlap=config.app.overlap)} "
               f"pairs still waiting.")
+        if result.queue_empty:
+            print("The queue ran dry: generate more pairs with --generate-pairs N or run a round.")
+    return 0
+
+
+def _votes_text(result: SimulationResult) -> str:
+    choices = ", ".join(f"{choice} {count}" for choice, count in sorted(result.choices.items())) or "none"
+    much = f"; {result.much_better} of the a/b votes much better" if result.much_better else ""
+    return f"{result.votes} times ({choices}{much})"
+
+
+def simulate_team(config: LoopConfig) -> int:
+    """`--simulate team`: the team of [simulate] team casts simulate.votes votes, each next pair going to a member
+    drawn by share (annotate.team), with app.overlap votes a pair."""
+    sim = config.simulate
+    if not sim.team:
+        return _fail("--simulate team votes as [simulate] team, which is empty: give --team SPEC, for example "
+                     "--team \"courteous*3,random,left\"")
+    try:
+        team = build_team(parse_team(sim.team), noise=sim.noise, seed=sim.seed + 1)
+    except AnnotatorSpecError as error:
+        return _fail(str(error))
+    with existing_store(config.app.db) as store:
+        try:
+            result = simulate_team_votes(store, team, sim.votes, overlap=config.app.overlap, seed=sim.seed)
+        except AnnotatorSpecError as error:
+            return _fail(str(error))
+        for member in team:
+            voted = _votes_text(result.members[member.name])
+            print(f"{member.name} ({member.spec.share:.0%} of the votes) voted {voted}.")
+        print(f"The team voted {result.votes} times; {store.pairs_waiting(overlap=config.app.overlap)} pairs still "
+              f"waiting.")
         if result.queue_empty:
             print("The queue ran dry: generate more pairs with --generate-pairs N or run a round.")
     return 0

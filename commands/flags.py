@@ -43,6 +43,7 @@ CONFIG_FLAGS: dict[str, list[tuple[str, tuple[str, ...], dict]]] = {
         ("--votes", ("simulate.votes",), {"metavar": "N"}),
         ("--noise", ("simulate.noise",), {"metavar": "RATE"}),
         ("--annotator-name", ("simulate.annotator_name",), {"metavar": "NAME"}),
+        ("--team", ("simulate.team",), {"metavar": "SPEC"}),
         ("--seed", ("simulate.seed",), {}),
     ],
     "reward model (--train-reward)": [
@@ -115,7 +116,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         for flag, keys, extra in flags:
             section, key = keys[0].split(".", 1)
             default, doc = _field(section, key)
-            shown = "" if default is None or default == [] else f" (default {default})"
+            shown = "" if default is None or default in ([], "") else f" (default {default})"
             settings = {"dest": _dest(flag), "default": None,
                         "help": f"{_first_sentence(doc)}{shown}; sets {', '.join(keys)}", **extra}
             if isinstance(default, bool):

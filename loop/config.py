@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from annotate.team import parse_team
 from annotate.text_limits import MAX_ANSWER_CHARS, MAX_PROMPT_CHARS
 from rlhf.ppo.config import PPOConfig
 from rlhf.reward.config import RewardTrainConfig, StrategyConfig, VotesConfig
@@ -152,6 +153,10 @@ class SimulateSettings:
     """Share of a/b votes flipped, like disagreeing people."""
     annotator_name: str | None = None
     """Name the votes are cast under (default sim:RULE)."""
+    team: str = ""
+    """A simulated team voting in place of the one annotator, for example "courteous*3,random,left" (docs/annotators.md,
+    Teams). `--simulate team` votes as its members, named sim:courteous-1 ... sim:left; `--demo-loop` casts each
+    round's votes with it and judges the win rate by its first rule member. Empty: the one annotator."""
     seed: int = ranged(0, SEED)
     """Seed of the simulated votes, their flips and the demo's evaluation prompts."""
     rounds: int = ranged(3, POSITIVE_COUNT)
@@ -175,6 +180,11 @@ class SimulateSettings:
         check_ranges(self)
         if self.reward not in ("model", "oracle"):
             raise ValueError(f"reward is model or oracle, not {self.reward!r}")
+        if self.team:
+            parse_team(self.team)  # TeamSpecError (a ValueError) says what is wrong and what is accepted
+            if self.annotator_name:
+                raise ValueError("annotator_name names the one annotator's votes; a team's members are named after "
+                                 "what they are (sim:courteous-1, sim:random ...): leave annotator_name unset")
         if self.reward == "oracle" and self.oracle_ceiling:
             raise ValueError("oracle_ceiling compares the reward model's rounds with the oracle's: it needs "
                              "reward = \"model\" (with reward = \"oracle\" the rounds are the ceiling already)")

@@ -24,6 +24,7 @@ from annotate.promotion import PromotionDecision, refresh_promotions
 from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, resolve_score
 from annotate.statistics import mean_and_standard_error
 from annotate.store import Store
+from annotate.team import build_team, parse_team, team_judge
 from loop.checks import RoundRefused, context_misfit
 from loop.config import LoopConfig, SimulateSettings
 from loop.judging import judged, oracle_reward, repeat_each, reward_model_means
@@ -80,30 +81,47 @@ class DemoAnnotator:
     """The rule's score of an answer; None for an annotator that only judges pairs."""
     voter: Callable
     """The judge with simulate.noise of its a/b verdicts flipped: what votes."""
+    team: list | None = None
+    """With simulate.team, the members who vote in the voter's place (annotate.team), each under their own name;
+    `spec` is then the team's first rule member, who judges. None: the one annotator votes."""
 
     @classmethod
     def from_settings(cls, sim: SimulateSettings, seeds: DemoSeeds) -> DemoAnnotator:
-        """Raises AnnotatorSpecError for an unknown annotator."""
-        judge = resolve_judge(sim.annotator)
+        """Raises AnnotatorSpecError for an unknown annotator or team member."""
+        spec = judge_spec(sim)
+        judge = resolve_judge(spec)
         voter = noisy(judge, sim.noise, random.Random(seeds.flips())) if sim.noise else judge
-        return cls(sim.annotator, sim.annotator_name or f"sim:{sim.annotator}", judge, resolve_score(sim.annotator),
-                   voter)
+        team = build_team(parse_team(sim.team), sim.noise, seeds.flips()) if sim.team else None
+        name = f"the team {sim.team}" if sim.team else sim.annotator_name or f"sim:{spec}"
+        return cls(spec, name, judge, resolve_score(spec), voter, team)
 
     def oracle(self):
         """PPO's reward from the rule's own score; None without a score."""
         return None if self.score is None else oracle_reward(self.score, self.spec)
 
 
+def judge_spec(sim: SimulateSettings) -> str | None:
+    """Who judges the win rate (and is the oracle): simulate.annotator, or with a team its first rule member (None
+    for a team without one)."""
+    return team_judge(parse_team(sim.team)) if sim.team else sim.annotator
+
+
 def settings_problem(config: LoopConfig) -> str | None:
     """Why the demo cannot run with these settings (checked before the database is touched), or None."""
     sim = config.simulate
+    spec = judge_spec(sim)
+    if spec is None:
+        return (f"the team {sim.team!r} has no rule member to judge the demo's win rate: add one, for example "
+                "courteous")
     try:
-        resolve_judge(sim.annotator)
+        resolve_judge(spec)
+        if sim.team:
+            build_team(parse_team(sim.team))
     except AnnotatorSpecError as error:
         return str(error)
-    if resolve_score(sim.annotator) is None and (sim.reward == "oracle" or sim.oracle_ceiling):
+    if resolve_score(spec) is None and (sim.reward == "oracle" or sim.oracle_ceiling):
         asked = "--reward oracle" if sim.reward == "oracle" else "--oracle-ceiling"
-        return (f"{asked} rewards PPO with the annotator's own score of each answer, and {sim.annotator!r} has "
+        return (f"{asked} rewards PPO with the annotator's own score of each answer, and {spec!r} has "
                 "none: it only judges pairs. Use an annotator with a score (a built-in rule such as courteous, or "
                 "contains:WORD) or --reward model.")
     return context_misfit(config)
@@ -241,14 +259,18 @@ def round_line(row: dict, first: dict) -> str:
 def demo_round(store: Store, config: LoopConfig, annotator: DemoAnnotator, evaluation: Evaluation, seeds: DemoSeeds,
                round_number: int) -> dict | None:
     """Pairs, votes, a round and its judging; the round's row, or None when the round was refused."""
-    from annotate import simulate
+    from annotate import simulate, team
     from loop import round as rounds
 
     sim = config.simulate
     started = time.perf_counter()
     fill_pair_queue(store, config, sim.votes, seeds, round_number, frozenset(evaluation.prompts))
-    voted = simulate.simulate_votes(store, annotator.voter, annotator.name, sim.votes, seed=seeds.votes(round_number),
-                                    score=annotator.score)  # graded by the rule's score, where it has one
+    if annotator.team:
+        voted = team.simulate_team_votes(store, annotator.team, sim.votes, seed=seeds.votes(round_number))
+    else:
+        voted = simulate.simulate_votes(store, annotator.voter, annotator.name, sim.votes,
+                                        seed=seeds.votes(round_number),
+                                        score=annotator.score)  # graded by the rule's score, where it has one
     _log(f"Demo round {round_number} of {sim.rounds}: {annotator.name} cast {voted.votes} votes.")
     oracle = annotator.oracle()
     try:
@@ -296,16 +318,18 @@ def promotion_outcome(store: Store, rows: list[dict], evaluation: Evaluation, co
         made = store.policy(row["policy_id"])
         current = max((p for p in policies if p.is_promoted and (p.round, p.id) <= (made.round, made.id)),
                       key=lambda p: (p.round, p.id))
-        verdicts = evaluation.judge_policy(current.path)[1]  # answered when it was judged: no model loads again
+        judged = current.path in evaluation.by_policy or not current.pruned  # answered in this run, or loadable
+        verdicts = evaluation.judge_policy(current.path)[1] if judged else {}
         decision = PromotionDecision.from_json(made.promotion)
         row.update({"promoted": made.is_promoted, "promotion_rule": decision.rule if decision else None,
-                    "current_policy_id": current.id, "current_win_rate": verdicts["win_rate"],
-                    "current_win_rate_low": verdicts["win_rate_low"],
-                    "current_win_rate_high": verdicts["win_rate_high"]})
+                    "current_policy_id": current.id, "current_win_rate": verdicts.get("win_rate"),
+                    "current_win_rate_low": verdicts.get("win_rate_low"),
+                    "current_win_rate_high": verdicts.get("win_rate_high")})
+        rate = "n/a (its folder was pruned)" if not verdicts else \
+            f"{verdicts['win_rate']:.1%} ({verdicts['win_rate_low']:.1%}-{verdicts['win_rate_high']:.1%})"
         print(f"round {row['round']}: policy {made.id} {'promoted' if row['promoted'] else 'not promoted'}"
               f"{f' ({decision.rule}: {decision.reason})' if decision else ''}; current after it policy {current.id}, "
-              f"win rate vs first {row['current_win_rate']:.1%} ({row['current_win_rate_low']:.1%}-"
-              f"{row['current_win_rate_high']:.1%})", flush=True)
+              f"win rate vs first {rate}", flush=True)
 
 
 def run_demo_loop(config: LoopConfig, on_round: Callable[[dict], None] | None = None) -> int:
@@ -325,7 +349,8 @@ def run_demo_loop(config: LoopConfig, on_round: Callable[[dict], None] | None = 
     store.ensure_base_policy(config.app.model)
     first = store.first_policy()  # round 0 (the base, or its SFT), whatever rounds a database ran before
     evaluation = Evaluation(store, sim, config, annotator, seeds)
-    _log(f"Demo loop: {sim.rounds} rounds, annotator {sim.annotator} (noise {sim.noise:.0%}), "
+    voters = f"team {sim.team} judged by {annotator.spec}" if sim.team else f"annotator {sim.annotator}"
+    _log(f"Demo loop: {sim.rounds} rounds, {voters} (noise {sim.noise:.0%}), "
          f"{sim.votes} votes a round, PPO rewarded by the {'annotator' if sim.reward == 'oracle' else 'reward model'}"
          f"{' beside the oracle ceiling' if sim.oracle_ceiling else ''}, win rate judged on {sim.eval_answers} "
          f"answer(s) to each of {len(evaluation.prompts)} prompts kept out of PPO "
@@ -336,7 +361,7 @@ def run_demo_loop(config: LoopConfig, on_round: Callable[[dict], None] | None = 
         first_score = evaluation.first_score
         _log(f"The first policy's answers score "
              f"{_plus_minus(first_score['judge_score'], first_score['judge_score_se'])} on average by the "
-             f"{sim.annotator} rule.")
+             f"{annotator.spec} rule.")
     rows = []
     for round_number in range(1, sim.rounds + 1):
         row = demo_round(store, config, annotator, evaluation, seeds, round_number)

@@ -170,6 +170,12 @@ def test_people_figures_worked_out_by_hand():
     assert bob.left_p == pytest.approx(0.25)  # 3 of 3 at a fair 50%: (1 + 1) / 8, both tails
     assert ann.agreement == pytest.approx(2 / 3) and ann.shared_pairs == 3  # agreed on pairs 1 and 2, not on 3
     assert people_rows([bob])[0][3] == f"100% ({wilson_interval(1.0, 3)[0]:.0%}-100%)"
+    # Dawid-Skene (annotate.reliability) on pairs 1 and 2, the only ones with two a/b votes: they agreed on both, and
+    # with two votes each the Beta(2, 2) prior outweighs it (the fixed point solves (2p - 1)^3 = 0: p = 1/2, reached
+    # slowly); the table says so with n
+    assert (ann.reliability.n, bob.reliability.n) == (2, 2) and abs(ann.reliability.accuracy - 0.5) < 0.05
+    assert people_rows([ann])[0][7] == f"{ann.reliability.accuracy:.0%} ({ann.reliability.low:.0%}-" \
+                                       f"{ann.reliability.high:.0%}, n=2)"
     assert binomial_two_sided_p(9, 10) == pytest.approx(22 / 1024) and binomial_two_sided_p(0, 0) == 1.0
     assert math.isclose(binomial_two_sided_p(5, 10), 1.0)
 

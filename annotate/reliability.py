@@ -1,0 +1,173 @@
+"""Each annotator's reliability from the votes alone: Dawid-Skene on the pairs that several people voted on.
+
+The model (one-coin Dawid-Skene). Each pair i has a hidden better answer, gen_a or gen_b, and each annotator j says
+the better one with probability p_j, their accuracy, the other with 1 - p_j, independently of the others given the
+truth. Only a/b votes count (ties, both_bad and skips say nothing about which is better), and only on pairs with at
+least two of them: a pair one person voted on tells nothing about that person's reliability (its label would be
+their own vote, and counting it would only pull their accuracy towards what the other pairs say).
+
+Why one coin, not two (a sensitivity P(says a | a better) and a specificity P(says b | b better)): "a" and "b" are
+the store's bookkeeping, not what anyone sees. The store draws the side of gen_a for every showing, so a careful
+person, a random clicker and one who always takes the left answer each treat gen_a and gen_b alike; a difference
+between the two coins would be noise fitted on a team's few overlapping votes (twice the parameters on tens of votes
+each). A bias for a screen side is the position bias people.py measures (left picks, binomial test); in a/b terms
+the left-picker is a coin flip, and the one-coin model gives them an accuracy near 1/2, which is what their votes
+are worth. The prior P(a better) is fixed at 1/2, not fitted, for the same reason: gen_a is the pair maker's side
+(the newer policy on versus pairs), and a fitted prior would lean pairs with split votes towards whichever side won
+more often, which is the question versus pairs ask people, not one to answer from the others' votes.
+
+The fit (EM, from the majority vote):
+- start: T_i = the share of pair i's a/b votes that say a (the soft majority vote);
+- M step: c_j = sum over j's votes of T_i where j said a, 1 - T_i where j said b (j's expected correct votes), n_j
+  their votes; p_j = (c_j + 1) / (n_j + 2), the posterior mode under a Beta(2, 2) prior: one pseudo-vote right and
+  one wrong, so that a person who never disagreed on their few pairs is not taken for infallible (p_j = 1 would
+  give their vote the last word on every pair they share) and nobody's weight becomes infinite;
+- E step: logit T_i = sum over i's votes of +-log(p_j / (1 - p_j)) (+ for a, - for b), the posterior that gen_a is
+  better given the votes and the accuracies;
+- until no T_i and no p_j moves by more than `tolerance`, or `max_iterations`.
+Starting from the majority picks the fixed point where the team as a whole beats a coin (the model cannot tell it
+from its mirror image, everyone's accuracy 1 - p_j). With few overlapping votes the prior weighs: two people who
+agreed on two pairs stay near 1/2 (the fixed point solves (2p - 1)^3 = 0); from a few dozen votes each the votes
+decide (tests/test_reliability.py).
+
+The interval of p_j: the Wilson interval (annotate.statistics) of c_j / n_j over n_j, the expected correct votes
+counted as if they were observed. It takes the pairs' labels as known, so where a pair has two or three votes and
+its label is itself uncertain it is narrower than the truth; `bootstrap_intervals` resamples pairs with replacement
+and refits (percentiles of p_j), which carries that uncertainty, at the price of refitting: use it to report, the
+Wilson interval for the live table.
+
+Own implementation, not crowd-kit (Apache-2.0, which has DawidSkene and OneCoinDawidSkene): the estimator is under
+a hundred lines of pure Python over dictionaries, as the rest of annotate/'s statistics are (annotate.statistics),
+while crowd-kit's works on pandas data frames and brings attrs, numpy and pandas into the module the app imports
+for its people table. Its OneCoinDawidSkene also fits the class prior and clips accuracies at 1e-10 rather than
+putting a prior on them: the two choices above are what this one does differently.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from annotate.records import Vote
+from annotate.statistics import wilson_interval
+
+Labels = dict[int, dict[str, bool]]
+"""pair id -> {annotator: True when they said gen_a is better, False for gen_b}."""
+
+
+def labels_from_votes(votes: list[Vote]) -> Labels:
+    """The estimator's input from the store's votes (store.votes()): every a/b vote on a pair with at least two."""
+    by_pair: Labels = {}
+    for vote in votes:
+        if vote.choice in ("a", "b"):
+            by_pair.setdefault(vote.pair_id, {})[vote.annotator] = vote.choice == "a"
+    return {pair: said for pair, said in by_pair.items() if len(said) >= 2}
+
+
+def majority_posteriors(labels: Labels) -> dict[int, float]:
+    """The EM's start: each pair's share of a votes."""
+    return {pair: sum(said.values()) / len(said) for pair, said in labels.items()}
+
+
+def accuracies_given(labels: Labels, posteriors: dict[int, float]) -> dict[str, tuple[float, int]]:
+    """The M step's counts: annotator -> (expected correct votes c_j, votes n_j)."""
+    counts: dict[str, tuple[float, int]] = {}
+    for pair, said in labels.items():
+        for annotator, says_a in said.items():
+            correct, n = counts.get(annotator, (0.0, 0))
+            counts[annotator] = (correct + (posteriors[pair] if says_a else 1 - posteriors[pair]), n + 1)
+    return counts
+
+
+def accuracy(correct: float, n: int) -> float:
+    """The accuracy under the Beta(2, 2) prior: (c + 1) / (n + 2)."""
+    return (correct + 1) / (n + 2)
+
+
+def posteriors_given(labels: Labels, accuracies: dict[str, float]) -> dict[int, float]:
+    """The E step: P(gen_a better | the pair's votes), with the prior at 1/2."""
+    posteriors = {}
+    for pair, said in labels.items():
+        log_odds = sum((1 if says_a else -1) * math.log(accuracies[annotator] / (1 - accuracies[annotator]))
+                       for annotator, says_a in said.items())
+        posteriors[pair] = 1 / (1 + math.exp(-log_odds)) if log_odds >= 0 else \
+            math.exp(log_odds) / (1 + math.exp(log_odds))
+    return posteriors
+
+
+@dataclass(frozen=True)
+class AnnotatorReliability:
+    """One annotator's estimate."""
+
+    annotator: str
+    accuracy: float
+    """P(they name the better answer): (c + 1) / (n + 2) at the fit's end."""
+    low: float
+    high: float
+    """95% interval: Wilson of c / n over n (the module docstring), or the bootstrap's when asked for."""
+    n: int
+    """Their a/b votes on pairs with at least two: what the estimate rests on."""
+    expected_correct: float
+    """c: the expected number of those votes that named the better answer."""
+
+
+@dataclass(frozen=True)
+class DawidSkeneFit:
+    """The fitted model."""
+
+    annotators: dict[str, AnnotatorReliability]
+    """By name, most votes first."""
+    posteriors: dict[int, float]
+    """Pair id -> P(gen_a is the better answer), for the pairs with at least two a/b votes."""
+    iterations: int
+    converged: bool
+    """False when max_iterations ran out before the changes fell under the tolerance."""
+
+
+def dawid_skene(labels: Labels, max_iterations: int = 200, tolerance: float = 1e-6) -> DawidSkeneFit:
+    """One-coin Dawid-Skene by EM from the majority vote (the module docstring); an empty fit without labels."""
+    posteriors = majority_posteriors(labels)
+    accuracies: dict[str, float] = {}
+    iterations, converged = 0, not labels
+    while iterations < max_iterations and not converged:
+        new_accuracies = {annotator: accuracy(*counts) for annotator, counts in
+                          accuracies_given(labels, posteriors).items()}
+        new_posteriors = posteriors_given(labels, new_accuracies)
+        change = max([abs(new_posteriors[pair] - posteriors[pair]) for pair in labels] +
+                     [abs(value - accuracies.get(annotator, math.inf)) for annotator, value in new_accuracies.items()])
+        accuracies, posteriors, iterations = new_accuracies, new_posteriors, iterations + 1
+        converged = change < tolerance
+    counts = accuracies_given(labels, posteriors)
+    estimates = {}
+    for annotator, (correct, n) in sorted(counts.items(), key=lambda item: (-item[1][1], item[0])):
+        low, high = wilson_interval(correct / n, n)
+        estimates[annotator] = AnnotatorReliability(annotator, accuracy(correct, n), low, high, n, correct)
+    return DawidSkeneFit(estimates, posteriors, iterations, converged)
+
+
+def bootstrap_intervals(labels: Labels, resamples: int = 200, seed: int = 0,
+                        level: float = 0.95) -> dict[str, tuple[float, float]]:
+    """Percentile intervals of each annotator's accuracy over `resamples` refits on pairs drawn with replacement
+    (seeded): the uncertainty of the pairs' labels included. An annotator absent from a resample (all their pairs
+    left out) has no value from it; one with fewer than two values gets (0, 1)."""
+    rng = random.Random(seed)
+    pairs = list(labels)
+    values: dict[str, list[float]] = {}
+    for _ in range(resamples):
+        drawn = {index: labels[rng.choice(pairs)] for index in range(len(pairs))}
+        for annotator, estimate in dawid_skene(drawn).annotators.items():
+            values.setdefault(annotator, []).append(estimate.accuracy)
+    tail = (1 - level) / 2
+    intervals = {}
+    for annotator in accuracies_given(labels, majority_posteriors(labels)):
+        ranked = sorted(values.get(annotator, []))
+        last = len(ranked) - 1
+        intervals[annotator] = (ranked[int(tail * last)], ranked[math.ceil((1 - tail) * last)]) if last >= 1 \
+            else (0.0, 1.0)
+    return intervals
+
+
+def store_reliability(store) -> DawidSkeneFit:
+    """Dawid-Skene on every vote in the store (store.votes())."""
+    return dawid_skene(labels_from_votes(store.votes()))
