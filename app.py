@@ -42,6 +42,11 @@ COMMANDS = [
     ("--restore", "DIR", "put a --backup DIR back at --db (which must not exist), its checkpoints under "
      "round.checkpoints_dir, the recorded paths rewritten; refused while the app or a round runs there",
      "commands.backup:restore"),
+    ("--annotators", None, "the people table in the terminal: votes, left picks, agreement, median seconds, "
+     "Dawid-Skene accuracy, who is excluded", "commands.annotators:annotators"),
+    ("--exclude", "NAME", "leave NAME's votes out of the next rounds and of promotion (they stay in the database)",
+     "commands.annotators:exclude"),
+    ("--include", "NAME", "count NAME's votes again after --exclude", "commands.annotators:include"),
     ("--policies", None, "list the policies of --db: round, parent, promoted or a candidate and why (the current "
      "one starred)", "commands.promotion:list_policies"),
     ("--promotion", ("POLICY", "ACTION"), "an admin's decision on policy POLICY: promote or reject it whatever the "

@@ -106,6 +106,8 @@ ROUND_PROMOTED = Metric("round/promoted", "promoted (1) or kept a candidate (0) 
 ROUND_PROMOTION = "round/promotion"
 """The promotion decision at the round's end, as annotate.promotion.PromotionDecision's dict (rule, reason, numbers);
 the policy row holds the decision taken since, as votes came in."""
+ROUND_EXCLUDED_ANNOTATORS = "round/excluded_annotators"
+"""The annotators an admin had excluded when the round read its votes (their votes unused): a list of names."""
 ROUND_STARTED_FROM = "round/started_from"
 """Why the round's PPO starts from its actor: the last promoted policy, and the newer candidates it passed over."""
 ROUND_ACTOR_POLICY_ID = "round/actor_policy_id"

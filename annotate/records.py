@@ -199,6 +199,9 @@ class Annotator:
     role: str
     created_at: str
     votes: int
+    excluded_at: str | None = None
+    """When an admin excluded them: their votes stay in the database, unused for training and promotion; None:
+    included."""
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from annotate.metrics import (RM_LIVE_PREFIX, RM_PREFIX, ROUND_ACTOR_POLICY_ID, ROUND_MIN_ACCURACY, ROUND_NEW_PAIRS,
-                              ROUND_PAIRS_GENERATED, ROUND_PAIRS_USED, ROUND_POLICY_ID, ROUND_PPO_PROMPTS,
-                              ROUND_REFERENCE, ROUND_RESUMED_FROM, ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY,
-                              ROUND_SECONDS, ROUND_STAGE, ROUND_STARTED_FROM, ROUND_VOTES, stage_seconds)
+from annotate.metrics import (RM_LIVE_PREFIX, RM_PREFIX, ROUND_ACTOR_POLICY_ID, ROUND_EXCLUDED_ANNOTATORS,
+                              ROUND_MIN_ACCURACY, ROUND_NEW_PAIRS, ROUND_PAIRS_GENERATED, ROUND_PAIRS_USED,
+                              ROUND_POLICY_ID, ROUND_PPO_PROMPTS, ROUND_REFERENCE, ROUND_RESUMED_FROM,
+                              ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY, ROUND_SECONDS, ROUND_STAGE,
+                              ROUND_STARTED_FROM, ROUND_VOTES, stage_seconds)
 from annotate.promotion import PromotionDecision, refresh_promotions
 from annotate.records import Policy, Preference
 from annotate.store import Store
@@ -144,8 +145,10 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
         ROUND_PAIRS_USED.name: len(preferences), ROUND_NEW_PAIRS.name: new_pairs, ROUND_STAGE: "planned",
         ROUND_ACTOR_POLICY_ID: actor.id, ROUND_REFERENCE: first,
         ROUND_VOTES.name: store.count_votes_since(None), ROUND_MIN_ACCURACY.name: config.round.min_accuracy,
-        ROUND_PPO_PROMPTS: ppo_prompts, ROUND_STARTED_FROM: held_back, **plan.carried,  # a reused policy's own
-    })  # counts of votes and pairs win
+        ROUND_PPO_PROMPTS: ppo_prompts, ROUND_STARTED_FROM: held_back,
+        ROUND_EXCLUDED_ANNOTATORS: store.excluded_annotators(),
+        **plan.carried,  # a reused policy's own counts of votes and pairs win
+    })
     return plan
 
 

@@ -349,6 +349,21 @@ class Store(PolicyRecords, VoteRecords, RoundRecords, Reports, BackupRecords):
     def annotators(self) -> list[Annotator]:
         return [Annotator(**row) for row in self._rows(queries.SELECT_ANNOTATORS)]
 
+    def set_excluded(self, annotator: str, excluded: bool) -> None:
+        """Exclude an annotator (their votes stay, unused by preferences and versus tallies) or include them again;
+        KeyError for a name the store does not know. Excluding again keeps the first time."""
+        name = _name(annotator)
+        with self._write() as db:
+            row = db.conn.execute("SELECT excluded_at FROM annotators WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise KeyError(f"no annotator named {name!r}")
+            if excluded != (row[0] is not None):
+                db.conn.execute(queries.SET_ANNOTATOR_EXCLUDED, (now() if excluded else None, name))
+
+    def excluded_annotators(self) -> list[str]:
+        """The names whose votes are left out, in order."""
+        return [a.name for a in self.annotators() if a.excluded_at is not None]
+
     def name_clashes(self) -> list[NameClash]:
         """Names kept apart when names were first normalised, because merging them would have given one person
         two votes on a pair (see sql.migration_5_one_name_per_person)."""

@@ -217,6 +217,12 @@ def migration_10_policy_promotion(db: sqlite_utils.Database) -> None:
                     "CHECK (promotion_override IN ('promote', 'reject'))")
 
 
+def migration_11_annotator_excluded(db: sqlite_utils.Database) -> None:
+    """When an admin excluded an annotator: their votes stay, unused by preferences and versus tallies, until they are
+    included again (NULL: included)."""
+    db.conn.execute("ALTER TABLE annotators ADD COLUMN excluded_at TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_1_initial_schema,
     migration_2_round_pid,
@@ -228,6 +234,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_8_round_reports,
     migration_9_policy_pruned_at,
     migration_10_policy_promotion,
+    migration_11_annotator_excluded,
 ]
 
 INSERT_PROMPT = "INSERT INTO prompts (text, source, created_at) VALUES (?, ?, ?) ON CONFLICT (text) DO NOTHING"
@@ -260,8 +267,12 @@ UPSERT_ANNOTATOR_ROLE = """
     ON CONFLICT (name) DO UPDATE SET role = excluded.role"""
 SELECT_NAME_CLASHES = "SELECT name, normalised, pairs, found_at FROM name_clashes ORDER BY normalised, name"
 SELECT_ANNOTATORS = """
-    SELECT a.name, a.role, a.created_at, (SELECT COUNT(*) FROM votes v WHERE v.annotator = a.name) AS votes
+    SELECT a.name, a.role, a.created_at, (SELECT COUNT(*) FROM votes v WHERE v.annotator = a.name) AS votes,
+           a.excluded_at
     FROM annotators a ORDER BY a.name"""
+SET_ANNOTATOR_EXCLUDED = "UPDATE annotators SET excluded_at = ? WHERE name = ?"
+COUNTED_VOTE = "v.annotator NOT IN (SELECT name FROM annotators WHERE excluded_at IS NOT NULL)"
+"""A vote that counts: its annotator is not excluded (their votes stay in the database, unused)."""
 
 INSERT_VOTE = """
     INSERT INTO votes (pair_id, annotator, choice, a_on_left, seconds, created_at, strength)
@@ -285,7 +296,7 @@ SELECT_DEMONSTRATIONS = """
     SELECT pr.text AS prompt, d.text AS response FROM demonstrations d JOIN prompts pr ON pr.id = d.prompt_id
     ORDER BY d.id"""
 
-SELECT_PAIR_TALLIES = """
+SELECT_PAIR_TALLIES = f"""
     SELECT p.id, p.kind, p.chosen_by, pr.text AS prompt, ga.text AS text_a, gb.text AS text_b,
            SUM(v.choice = 'a') AS n_a, SUM(v.choice = 'b') AS n_b,
            SUM(CASE WHEN v.choice = 'a' THEN COALESCE(v.strength, 1) ELSE 0 END) AS strength_a,
@@ -293,14 +304,15 @@ SELECT_PAIR_TALLIES = """
     FROM pairs p JOIN prompts pr ON pr.id = p.prompt_id
     JOIN generations ga ON ga.id = p.gen_a JOIN generations gb ON gb.id = p.gen_b
     JOIN votes v ON v.pair_id = p.id
+    WHERE {COUNTED_VOTE}
     GROUP BY p.id ORDER BY p.id"""
-SELECT_VERSUS_TALLIES = """
+SELECT_VERSUS_TALLIES = f"""
     SELECT ga.policy_id AS policy_id, gb.policy_id AS opponent_id,
            SUM(v.choice = 'a') AS wins, SUM(v.choice = 'b') AS losses,
            SUM(v.choice = 'tie') AS ties, SUM(v.choice = 'both_bad') AS both_bad
     FROM pairs p JOIN generations ga ON ga.id = p.gen_a JOIN generations gb ON gb.id = p.gen_b
     JOIN votes v ON v.pair_id = p.id
-    WHERE p.kind = 'versus'
+    WHERE p.kind = 'versus' AND {COUNTED_VOTE}
     GROUP BY ga.policy_id, gb.policy_id ORDER BY ga.policy_id, gb.policy_id"""
 
 MARK_POLICY_PRUNED = "UPDATE policies SET pruned_at = ? WHERE id = ? AND pruned_at IS NULL"
