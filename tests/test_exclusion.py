@@ -22,8 +22,8 @@ def two_annotator_store(db) -> tuple[Store, list[int]]:
     for prompt in range(1, 4):
         gen_a, gen_b = (store.add_generation(prompt, base.id, f"{side}{prompt}", 2, "eos") for side in "ab")
         pairs.append(store.add_pair(prompt, gen_a, gen_b, kind="sample"))
-    versus_a, versus_b = store.add_generation(4, newer, "new", 1, "eos"), store.add_generation(4, base.id, "old", 1, "eos")
-    pairs.append(store.add_pair(4, versus_a, versus_b, kind="versus"))
+    versus_a = store.add_generation(4, newer, "new", 1, "eos")
+    pairs.append(store.add_pair(4, versus_a, store.add_generation(4, base.id, "old", 1, "eos"), kind="versus"))
     for name in ("careful", "careless", "other"):
         store.add_annotator(name)
     for pair in pairs:
