@@ -74,7 +74,40 @@ def people(votes: list[Vote], agreement: AgreementReport) -> list[Person]:
 
 
 PEOPLE_COLUMNS = ["annotator", "votes", "a/b votes", "left picks (95% interval)", "p (left vs half)",
-                  "agreement with others (n)", "median seconds", "Dawid-Skene accuracy (95%, n)"]
+                  "agreement with others (n)", "median seconds", "Dawid-Skene accuracy (95%, n)", "looks careless"]
+
+FLAG_SIDE_P = 0.001
+"""A side bias is flagged below this two-sided binomial p (a careful person is flagged by chance once in 1,000)..."""
+FLAG_SIDE_VOTES = 20
+"""...once they have cast this many a/b votes: 20 left picks in a row give p = 2e-6."""
+FLAG_MEDIAN_SECONDS = 1.5
+"""A median time on a pair below this (no one reads two answers in it) is flagged..."""
+FLAG_SPEED_VOTES = 10
+"""...over at least this many timed votes."""
+FLAG_ACCURACY_HIGH = 0.6
+"""A Dawid-Skene accuracy whose 95% interval stays below this is flagged..."""
+FLAG_ACCURACY_PAIRS = 20
+"""...over at least this many pairs shared with other a/b votes."""
+
+
+def careless_reason(person: Person) -> str:
+    """Why `person`'s votes look careless, in one line ("" when nothing does): one side picked far more often than
+    chance, a median time no one reads two answers in, or labels that agree with the others' no better than chance.
+    The thresholds (FLAG_*) keep a careful person's chance of a flag small; a flag is a reason to look, not a verdict.
+    """
+    reasons = []
+    if person.ab_votes >= FLAG_SIDE_VOTES and person.left_p < FLAG_SIDE_P:
+        side, share = ("left", person.left_share) if person.left_share > 0.5 else ("right", 1 - person.left_share)
+        reasons.append(f"picks the {side} answer in {share:.0%} of {person.ab_votes} a/b votes (p = "
+                       f"{person.left_p:.1g})")
+    timed = person.median_seconds is not None and person.votes >= FLAG_SPEED_VOTES
+    if timed and person.median_seconds < FLAG_MEDIAN_SECONDS:
+        reasons.append(f"a median of {person.median_seconds:.1f} s a pair")
+    estimate = person.reliability
+    if estimate is not None and estimate.n >= FLAG_ACCURACY_PAIRS and estimate.high < FLAG_ACCURACY_HIGH:
+        reasons.append(f"agrees with the others no better than chance ({estimate.accuracy:.0%}, at most "
+                       f"{estimate.high:.0%}, n={estimate.n})")
+    return "; ".join(reasons)
 
 
 def people_rows(rows: list[Person]) -> list[list]:
@@ -92,5 +125,5 @@ def people_rows(rows: list[Person]) -> list[list]:
         accuracy = "" if estimate is None else \
             f"{estimate.accuracy:.0%} ({estimate.low:.0%}-{estimate.high:.0%}, n={estimate.n})"
         table.append([person.name, person.votes, person.ab_votes, left, f"{person.left_p:.3g}", agreement, seconds,
-                      accuracy])
+                      accuracy, careless_reason(person)])
     return table
