@@ -47,6 +47,9 @@ COMMANDS = [
     ("--exclude", "NAME", "leave NAME's votes out of the next rounds and of promotion (they stay in the database)",
      "commands.annotators:exclude"),
     ("--include", "NAME", "count NAME's votes again after --exclude", "commands.annotators:include"),
+    ("--gold", ("PAIR", "SIDE"), "mark pair PAIR's right answer (SIDE a or b; none: an ordinary pair again): gold "
+     "pairs measure each annotator's gold accuracy ([app] gold_share mixes them into the queues)",
+     "commands.annotators:gold"),
     ("--policies", None, "list the policies of --db: round, parent, promoted or a candidate and why (the current "
      "one starred)", "commands.promotion:list_policies"),
     ("--promotion", ("POLICY", "ACTION"), "an admin's decision on policy POLICY: promote or reject it whatever the "

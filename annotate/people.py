@@ -39,6 +39,14 @@ class Person:
     """Median time on a pair before voting; None when no vote recorded its time."""
     reliability: AnnotatorReliability | None = None
     """Their Dawid-Skene accuracy on pairs with other a/b votes; None without such pairs."""
+    gold_right: int = 0
+    """Of their a/b votes on gold pairs (an admin marked the right answer), the ones that named it..."""
+    gold_judged: int = 0
+    """...of this many."""
+
+    @property
+    def gold_accuracy(self) -> float | None:
+        return self.gold_right / self.gold_judged if self.gold_judged else None
 
     @property
     def left_share(self) -> float | None:
@@ -50,8 +58,9 @@ def picked_left(vote: Vote) -> bool:
     return (vote.choice == "a") == bool(vote.a_on_left)
 
 
-def people(votes: list[Vote], agreement: AgreementReport) -> list[Person]:
-    """Every annotator who voted, most votes first."""
+def people(votes: list[Vote], agreement: AgreementReport,
+           gold: dict[str, tuple[int, int]] | None = None) -> list[Person]:
+    """Every annotator who voted, most votes first; `gold`: Store.gold_results(), per name (right, judged)."""
     by_name: dict[str, list[Vote]] = {}
     for vote in votes:
         by_name.setdefault(vote.annotator, []).append(vote)
@@ -69,12 +78,13 @@ def people(votes: list[Vote], agreement: AgreementReport) -> list[Person]:
         items, agreeing = shared.get(name, (0, 0.0))
         rows.append(Person(name, len(own), len(ab), left, binomial_two_sided_p(left, len(ab)), items,
                            agreeing / items if items else None, statistics.median(seconds) if seconds else None,
-                           reliability.get(name)))
+                           reliability.get(name), *(gold or {}).get(name, (0, 0))))
     return sorted(rows, key=lambda person: (-person.votes, person.name))
 
 
 PEOPLE_COLUMNS = ["annotator", "votes", "a/b votes", "left picks (95% interval)", "p (left vs half)",
-                  "agreement with others (n)", "median seconds", "Dawid-Skene accuracy (95%, n)", "looks careless"]
+                  "agreement with others (n)", "median seconds", "Dawid-Skene accuracy (95%, n)",
+                  "gold accuracy (95%, n)", "looks careless"]
 
 FLAG_SIDE_P = 0.001
 """A side bias is flagged below this two-sided binomial p (a careful person is flagged by chance once in 1,000)..."""
@@ -88,6 +98,8 @@ FLAG_ACCURACY_HIGH = 0.6
 """A Dawid-Skene accuracy whose 95% interval stays below this is flagged..."""
 FLAG_ACCURACY_PAIRS = 20
 """...over at least this many pairs shared with other a/b votes."""
+FLAG_GOLD_VOTES = 10
+"""A gold accuracy whose 95% interval stays below FLAG_ACCURACY_HIGH is flagged over at least this many gold votes."""
 
 
 def careless_reason(person: Person) -> str:
@@ -107,6 +119,11 @@ def careless_reason(person: Person) -> str:
     if estimate is not None and estimate.n >= FLAG_ACCURACY_PAIRS and estimate.high < FLAG_ACCURACY_HIGH:
         reasons.append(f"agrees with the others no better than chance ({estimate.accuracy:.0%}, at most "
                        f"{estimate.high:.0%}, n={estimate.n})")
+    if person.gold_judged >= FLAG_GOLD_VOTES:
+        low, high = wilson_interval(person.gold_accuracy, person.gold_judged)
+        if high < FLAG_ACCURACY_HIGH:
+            reasons.append(f"right on {person.gold_accuracy:.0%} of {person.gold_judged} gold pairs (at most "
+                           f"{high:.0%})")
     return "; ".join(reasons)
 
 
@@ -124,6 +141,15 @@ def people_rows(rows: list[Person]) -> list[list]:
         estimate = person.reliability
         accuracy = "" if estimate is None else \
             f"{estimate.accuracy:.0%} ({estimate.low:.0%}-{estimate.high:.0%}, n={estimate.n})"
+        gold = "" if person.gold_accuracy is None else \
+            f"{person.gold_accuracy:.0%} ({_interval_text(person.gold_accuracy, person.gold_judged)}, " \
+            f"n={person.gold_judged})"
         table.append([person.name, person.votes, person.ab_votes, left, f"{person.left_p:.3g}", agreement, seconds,
-                      accuracy, careless_reason(person)])
+                      accuracy, gold, careless_reason(person)])
     return table
+
+
+def _interval_text(share: float, n: int) -> str:
+    """"62%-91%": the share's 95% Wilson interval over n."""
+    low, high = wilson_interval(share, n)
+    return f"{low:.0%}-{high:.0%}"

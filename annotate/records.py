@@ -121,6 +121,8 @@ class Pair:
     """Votes of any choice so far."""
     chosen_by: str | None = None
     """For a sample pair, one of CHOSEN_BY; None for a versus pair and for pairs stored before it was recorded."""
+    gold: str | None = None
+    """The right answer an admin marked ("a": gen_a, "b": gen_b); None: not a gold pair."""
 
 
 @dataclass(frozen=True)

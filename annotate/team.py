@@ -217,11 +217,12 @@ class TeamResult:
         return sum(result.votes for result in self.members.values())
 
 
-def simulate_team_votes(store, team: list[TeamMember], n_votes: int, overlap: int = 1, seed: int = 0) -> TeamResult:
-    """Cast up to `n_votes` votes as the team, through store.next_pair and store.record_vote (cast_vote), each next
-    pair going to a member drawn by share among those with pairs left; seeded by `seed` (which member, the sides
-    shown, the seconds). Rule members with a score grade their votes on a scale from the store's SCALE_ANSWERS
-    latest answers, as simulate_votes does."""
+def simulate_team_votes(store, team: list[TeamMember], n_votes: int, overlap: int = 1, seed: int = 0,
+                        gold_share: float = 0.0) -> TeamResult:
+    """Cast up to `n_votes` votes as the team, through store.next_pair (with `gold_share` of gold pairs) and
+    store.record_vote (cast_vote), each next pair going to a member drawn by share among those with pairs left; seeded
+    by `seed` (which member, the sides shown, the seconds). Rule members with a score grade their votes on a scale
+    from the store's SCALE_ANSWERS latest answers, as simulate_votes does."""
     pick_rng, sides_rng, seconds_rng = (random.Random(f"{seed}:{stream}") for stream in ("pick", "sides", "seconds"))
     answers = store.latest_answer_texts(SCALE_ANSWERS) if any(member.score for member in team) else []
     scores = {member.spec.annotator: member.score for member in team if member.score is not None}
@@ -232,7 +233,7 @@ def simulate_team_votes(store, team: list[TeamMember], n_votes: int, overlap: in
     available = list(team)
     while result.votes < n_votes and available:
         member = pick_rng.choices(available, weights=[m.spec.share for m in available])[0]
-        showing = store.next_pair(member.name, overlap=overlap, rng=sides_rng)
+        showing = store.next_pair(member.name, overlap=overlap, rng=sides_rng, gold_share=gold_share)
         if showing is None:
             available.remove(member)
             result.members[member.name].queue_empty = True

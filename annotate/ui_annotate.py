@@ -158,7 +158,7 @@ class AnnotateHandlers:
         return session, self.view(session, name, "")
 
     def _show_next(self, session: Session, name: str) -> Session:
-        showing = self.store.next_pair(name, overlap=self.config.overlap)
+        showing = self.store.next_pair(name, overlap=self.config.overlap, gold_share=self.config.gold_share)
         return replace(session, showing=showing, shown_at=time.monotonic())
 
     def view(self, session: Session, name: str, status: str) -> AnnotateView:

@@ -93,7 +93,7 @@ class DashboardHandlers:
         name = signed_in_name(session, request, self.config)
         if name is None or not self.store.is_admin(name):
             return PEOPLE_FOR_ADMINS, pd.DataFrame(columns=PEOPLE_COLUMNS)
-        rows = people_rows(people(self.store.votes(), agreement))
+        rows = people_rows(people(self.store.votes(), agreement, self.store.gold_results()))
         note = "Left picks: a/b votes for the answer shown on the left; p: the chance of so many or so few at a fair " \
                "50%. Agreement: with the others who voted on the same pairs."
         return note, pd.DataFrame(rows, columns=PEOPLE_COLUMNS)

@@ -31,6 +31,8 @@ class AppConfig:
     """True when Gradio's login (an auth file) verified who people are: names then come from the login."""
     overlap: int = 1
     """How many people vote on each pair (more than 1 measures agreement)."""
+    gold_share: float = 0.0
+    """Share of each person's next pairs drawn from the gold pairs they have not voted on ([app] gold_share)."""
     first_batch_pairs: int = 0
     """When the store has no pairs at start, generate this many in the background (0: do not)."""
     versus_share: float = 0.2

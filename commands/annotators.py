@@ -22,7 +22,7 @@ def annotators(args, config: LoopConfig) -> int:
     """Every annotator who voted: votes, left picks with their interval and binomial p, agreement, median seconds,
     Dawid-Skene accuracy; and who is excluded. Exit 2 without a database."""
     with existing_store(config.app.db) as store:
-        rows = people_rows(people(store.votes(), store.agreement()))
+        rows = people_rows(people(store.votes(), store.agreement(), store.gold_results()))
         excluded = {a.name: a.excluded_at for a in store.annotators() if a.excluded_at is not None}
     if not rows:
         print("No votes yet.")
@@ -52,4 +52,25 @@ def _set_excluded(name: str, excluded: bool, config: LoopConfig) -> int:
         votes = len(store.votes(annotator=name))
     print(f"{name} is {'excluded: their' if excluded else 'included again: their'} {votes} votes "
           f"{'stay in the database, unused by the next rounds and by promotion' if excluded else 'count again'}.")
+    return 0
+
+
+def gold(args, config: LoopConfig) -> int:
+    """`--gold PAIR SIDE`: mark pair PAIR's right answer (a: its answer a, b: its answer b) or make it an ordinary pair
+    again (none). Exit 2 on an unknown pair or side."""
+    pair_text, side = args.gold
+    if side not in ("a", "b", "none") or not pair_text.isdigit():
+        print(f"error: --gold PAIR SIDE takes a pair id and a, b or none (got {pair_text!r} {side!r}).",
+              file=sys.stderr)
+        return 2
+    with existing_store(config.app.db) as store:
+        try:
+            store.set_gold(int(pair_text), None if side == "none" else side)
+        except KeyError as error:
+            print(f"error: {error.args[0]} in {config.app.db}.", file=sys.stderr)
+            return 2
+        marked = len(store.gold_pair_ids())
+    what = "an ordinary pair again" if side == "none" else f"a gold pair, answer {side} right"
+    print(f"Pair {pair_text} is {what}; {marked} gold pairs in all. With [app] gold_share = "
+          f"{config.app.gold_share:g}, that share of each annotator's next pairs are gold pairs they have not voted on.")
     return 0

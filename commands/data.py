@@ -139,7 +139,8 @@ def simulate_team(config: LoopConfig) -> int:
         return _fail(str(error))
     with existing_store(config.app.db) as store:
         try:
-            result = simulate_team_votes(store, team, sim.votes, overlap=config.app.overlap, seed=sim.seed)
+            result = simulate_team_votes(store, team, sim.votes, overlap=config.app.overlap, seed=sim.seed,
+                                         gold_share=config.app.gold_share)
         except AnnotatorSpecError as error:
             return _fail(str(error))
         for member in team:

@@ -144,7 +144,7 @@ def launch_app(config: LoopConfig, passwords: dict[str, str] | None) -> int:
             store.add_annotator(name)
     app_config = AppConfig(
         guidelines_path=SHIPPED_GUIDELINES, admins=tuple(settings.admins), require_auth=passwords is not None,
-        overlap=config.app.overlap, first_batch_pairs=settings.first_batch,
+        overlap=config.app.overlap, gold_share=config.app.gold_share, first_batch_pairs=settings.first_batch,
         max_prompt_chars=config.app.max_prompt_chars, max_answer_chars=config.app.max_answer_chars,
         checkpoints_dir=database_checkpoint_dir(config.round.checkpoints_dir, config.app.db),
         promotion=config.promotion,

@@ -108,6 +108,9 @@ class AppSettings:
     """Base model: 'default' (the embedded SmolLM2-135M-Instruct), a Hugging Face id or a local folder."""
     overlap: int = ranged(1, POSITIVE_COUNT)
     """How many people vote on each pair (more than 1 measures agreement)."""
+    gold_share: float = ranged(0.0, SHARE)
+    """Share of each annotator's next pairs drawn from the gold pairs they have not voted on (pairs whose right answer
+    an admin marked with --gold), shown as any other pair: each person's gold accuracy; 0: none."""
     max_prompt_chars: int = ranged(MAX_PROMPT_CHARS, POSITIVE_COUNT)
     """Longest prompt accepted, in characters, at import and in the app (one pair of a 50 MB prompt took a minute
     and 7 GB, and every showing sent it whole to the browser)."""

@@ -277,8 +277,10 @@ class Store(PolicyRecords, VoteRecords, RoundRecords, Reports, BackupRecords):
     def count_pairs(self) -> int:
         return self._scalar("SELECT COUNT(*) FROM pairs")
 
-    def next_pair(self, annotator: str, overlap: int = 1, rng: random.Random | None = None) -> Showing | None:
-        """The oldest pair this annotator has not voted on (skips included) with fewer than `overlap` votes.
+    def next_pair(self, annotator: str, overlap: int = 1, rng: random.Random | None = None,
+                  gold_share: float = 0.0) -> Showing | None:
+        """The oldest pair this annotator has not voted on (skips included) with fewer than `overlap` votes; with
+        chance `gold_share`, a gold pair they have not voted on instead (shown as any other pair), when there is one.
 
         Pairs reserved for other annotators (handed out within `reserve_seconds` and not yet voted on) are passed
         over while others are left; when only reserved ones are left, one is shared rather than leaving this
@@ -287,23 +289,44 @@ class Store(PolicyRecords, VoteRecords, RoundRecords, Reports, BackupRecords):
         annotator = _name(annotator)
         if overlap < 1:
             raise ValueError(f"overlap must be at least 1, got {overlap}")
+        rng = rng or self._rng
+        wants_gold = gold_share > 0 and rng.random() < gold_share  # no draw without gold: seeded queues as before
         with self._reserve_lock:
             clock = time.monotonic()
             self._reservations = {name: held for name, held in self._reservations.items() if held[1] > clock}
-            held_by_others = Counter(pid for name, (pid, _) in self._reservations.items() if name != annotator)
-            params = {"annotator": annotator, "overlap": overlap, "limit": len(held_by_others) + 1}
             with self._read() as db:
-                candidates = db.conn.execute(queries.SELECT_OPEN_PAIRS, params).fetchall()
-                if not candidates:
+                pair_id = self._gold_pair(db, annotator) if wants_gold else None
+                pair_id = pair_id or self._open_pair(db, annotator, overlap)
+                if pair_id is None:
                     self._reservations.pop(annotator, None)
                     return None
-                pair_id = next(
-                    (pid for pid, votes in candidates if votes + held_by_others[pid] < overlap), candidates[0][0]
-                )
                 row = next(db.query(queries.SELECT_SHOWING, (pair_id,)))
             self._reservations[annotator] = (pair_id, clock + self.reserve_seconds)
-        a_on_left = (rng or self._rng).random() < 0.5
-        return Showing(a_on_left=a_on_left, **row)
+        return Showing(a_on_left=rng.random() < 0.5, **row)
+
+    def _open_pair(self, db: sqlite_utils.Database, annotator: str, overlap: int) -> int | None:
+        """The pair next_pair hands out from the queue (the reservation lock held); None when none is open."""
+        held_by_others = Counter(pid for name, (pid, _) in self._reservations.items() if name != annotator)
+        params = {"annotator": annotator, "overlap": overlap, "limit": len(held_by_others) + 1}
+        candidates = db.conn.execute(queries.SELECT_OPEN_PAIRS, params).fetchall()
+        if not candidates:
+            return None
+        return next((pid for pid, votes in candidates if votes + held_by_others[pid] < overlap), candidates[0][0])
+
+    @staticmethod
+    def _gold_pair(db: sqlite_utils.Database, annotator: str) -> int | None:
+        """The oldest gold pair this annotator has not voted on; None when they have voted on every one."""
+        row = db.conn.execute(queries.SELECT_OPEN_GOLD, {"annotator": annotator}).fetchone()
+        return None if row is None else row[0]
+
+    def set_gold(self, pair_id: int, side: str | None) -> None:
+        """Mark a pair's right answer ("a": gen_a, "b": gen_b), or None to make it an ordinary pair again; KeyError for
+        an unknown pair, ValueError for another side."""
+        if side not in (None, "a", "b"):
+            raise ValueError(f"a gold pair's right answer is 'a' or 'b' (or None: not gold), got {side!r}")
+        with self._write() as db:
+            if db.conn.execute(queries.SET_PAIR_GOLD, (side, pair_id)).rowcount == 0:
+                raise KeyError(f"no pair with id {pair_id}")
 
     def _release_reservation(self, annotator: str, pair_id: int) -> None:
         """The annotator voted on the pair held for them: others may now get it."""

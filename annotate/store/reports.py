@@ -13,6 +13,11 @@ from annotate.records import CHOICES, Preference, WinRate
 from annotate.store import sql as queries
 
 
+def _side_strength(row: dict, side: str) -> float:
+    """The mean strength of a pair's votes for `side` (1 slightly, 2 much better); 1 when none voted for it."""
+    return row[f"strength_{side}"] / row[f"n_{side}"] if row[f"n_{side}"] else 1.0
+
+
 def _source(kind: str, chosen_by: str | None) -> str:
     """A preference's source (Preference.source): versus, chosen (for disagreement) or sample (at random or unknown)."""
     if kind == "versus":
@@ -49,13 +54,16 @@ class Reports:
         return agreement_report(labels_by_pair)
 
     def preferences(self) -> list[Preference]:
-        """Pairs with a strict majority among their a/b votes, oldest pair first, each with its source."""
+        """Pairs with a strict majority among their a/b votes, oldest pair first, each with its source; a gold pair
+        (an admin marked its right answer) with any a/b vote is its gold side, once, whatever the votes say."""
         preferences = []
         for row in self._rows(queries.SELECT_PAIR_TALLIES):
-            if row["n_a"] == row["n_b"]:
+            if row["gold"] is None and row["n_a"] == row["n_b"]:
                 continue
-            a_wins = row["n_a"] > row["n_b"]
-            strength = row["strength_a"] / row["n_a"] if a_wins else row["strength_b"] / row["n_b"]
+            if row["gold"] is not None and row["n_a"] + row["n_b"] == 0:
+                continue
+            a_wins = row["gold"] == "a" if row["gold"] is not None else row["n_a"] > row["n_b"]
+            strength = _side_strength(row, "a" if a_wins else "b")
             preferences.append(Preference(
                 pair_id=row["id"], prompt=row["prompt"],
                 chosen=row["text_a"] if a_wins else row["text_b"], rejected=row["text_b"] if a_wins else row["text_a"],
@@ -95,6 +103,18 @@ class Reports:
         dataset = self.export_dataset()
         dataset.to_parquet(str(path))
         return len(dataset)
+
+    def gold_pair_ids(self) -> list[int]:
+        """The pairs an admin marked gold, oldest first."""
+        return [row["id"] for row in self._rows("SELECT id FROM pairs WHERE gold IS NOT NULL ORDER BY id")]
+
+    def gold_results(self) -> dict[str, tuple[int, int]]:
+        """Per annotator, (a/b votes on gold pairs that named the gold side, a/b votes on gold pairs)."""
+        results: dict[str, tuple[int, int]] = {}
+        for row in self._rows(queries.SELECT_GOLD_VOTES):
+            right, judged = results.get(row["annotator"], (0, 0))
+            results[row["annotator"]] = (right + (row["choice"] == row["gold"]), judged + 1)
+        return results
 
     def versus_win_rates(self) -> list[WinRate]:
         """Per (newer policy, earlier policy): human votes on `versus` pairs, ties counting half a win."""

@@ -223,6 +223,12 @@ def migration_11_annotator_excluded(db: sqlite_utils.Database) -> None:
     db.conn.execute("ALTER TABLE annotators ADD COLUMN excluded_at TEXT")
 
 
+def migration_12_pair_gold(db: sqlite_utils.Database) -> None:
+    """A pair's right answer as an admin marked it (gold: "a" for gen_a, "b" for gen_b): mixed into every annotator's
+    queue ([votes] gold_share) to measure each one's gold accuracy; its preference is the gold side, once."""
+    db.conn.execute("ALTER TABLE pairs ADD COLUMN gold TEXT CHECK (gold IN ('a', 'b'))")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_1_initial_schema,
     migration_2_round_pid,
@@ -235,6 +241,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     migration_9_policy_pruned_at,
     migration_10_policy_promotion,
     migration_11_annotator_excluded,
+    migration_12_pair_gold,
 ]
 
 INSERT_PROMPT = "INSERT INTO prompts (text, source, created_at) VALUES (?, ?, ?) ON CONFLICT (text) DO NOTHING"
@@ -250,6 +257,15 @@ SELECT_OPEN_PAIRS = """
     WHERE p.n_votes < :overlap
       AND NOT EXISTS (SELECT 1 FROM votes v WHERE v.pair_id = p.id AND v.annotator = :annotator)
     ORDER BY p.id LIMIT :limit"""
+SELECT_OPEN_GOLD = """
+    SELECT p.id FROM pairs p
+    WHERE p.gold IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM votes v WHERE v.pair_id = p.id AND v.annotator = :annotator)
+    ORDER BY p.id LIMIT 1"""
+SET_PAIR_GOLD = "UPDATE pairs SET gold = ? WHERE id = ?"
+SELECT_GOLD_VOTES = """
+    SELECT v.annotator, v.choice, p.gold FROM votes v JOIN pairs p ON p.id = v.pair_id
+    WHERE p.gold IS NOT NULL AND v.choice IN ('a', 'b') ORDER BY v.id"""
 SELECT_SHOWING = """
     SELECT p.id AS pair_id, p.prompt_id, pr.text AS prompt, ga.text AS text_a, gb.text AS text_b, p.kind
     FROM pairs p JOIN prompts pr ON pr.id = p.prompt_id
@@ -297,7 +313,7 @@ SELECT_DEMONSTRATIONS = """
     ORDER BY d.id"""
 
 SELECT_PAIR_TALLIES = f"""
-    SELECT p.id, p.kind, p.chosen_by, pr.text AS prompt, ga.text AS text_a, gb.text AS text_b,
+    SELECT p.id, p.kind, p.chosen_by, p.gold, pr.text AS prompt, ga.text AS text_a, gb.text AS text_b,
            SUM(v.choice = 'a') AS n_a, SUM(v.choice = 'b') AS n_b,
            SUM(CASE WHEN v.choice = 'a' THEN COALESCE(v.strength, 1) ELSE 0 END) AS strength_a,
            SUM(CASE WHEN v.choice = 'b' THEN COALESCE(v.strength, 1) ELSE 0 END) AS strength_b
