@@ -364,8 +364,9 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     assert result["rounds"][0]["round_seconds"] == pytest.approx(
         third.metrics["round/seconds"] - third.metrics["round/ceiling_seconds"], abs=0.1)
     assert "round/ceiling_seconds" not in store.rounds()[0].metrics  # no ceiling, nothing to leave out
-    # every policy of both runs (first, rounds, the ceiling) was judged on the same four prompts
-    assert len(judged_prompts) == 1 + 2 + 1 + 1 + 1
+    # every policy of both runs was answered on the same four prompts: run 1 the first policy and rounds 1-2; run 2
+    # the first policy (round 0 again), round 3, its ceiling, and round 2's policy for round 3's report (its actor)
+    assert len(judged_prompts) == 1 + 2 + 1 + 1 + 1 + 1
     assert all(prompts == judged_prompts[0][1] for _path, prompts in judged_prompts)
     assert len(set(judged_prompts[0][1])) == 4
 
