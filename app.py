@@ -21,8 +21,8 @@ COMMANDS = [
      "commands.pairs:generate_pairs"),
     ("--export", "FILE", "export preferences (prompt, chosen, rejected) to .jsonl or .parquet",
      "commands.data:export"),
-    ("--simulate", "ANNOTATOR", "vote on waiting pairs with a simulated annotator (rule or module:function)",
-     "commands.data:simulate"),
+    ("--simulate", "ANNOTATOR", "vote on waiting pairs with a simulated annotator (rule or module:function), or "
+     "'team' with --team SPEC", "commands.data:simulate"),
     ("--sft", "FILE", "supervised fine-tuning on a JSONL of prompt/response, or on annotators' demonstrations",
      "commands.train:sft"),
     ("--train-reward", None, "train the reward model on the votes (or --data FILE) and print held-out accuracy",

@@ -95,7 +95,9 @@ class DashboardHandlers:
             return PEOPLE_FOR_ADMINS, pd.DataFrame(columns=PEOPLE_COLUMNS)
         rows = people_rows(people(self.store.votes(), agreement, self.store.gold_results()))
         note = "Left picks: a/b votes for the answer shown on the left; p: the chance of so many or so few at a fair " \
-               "50%. Agreement: with the others who voted on the same pairs."
+               "50%. Agreement: with the others who voted on the same pairs. Dawid-Skene: accuracy on pairs with two " \
+               "or more a/b votes. Gold: on pairs an admin marked (--gold). Looks careless: a reason to look, not a " \
+               "verdict; python app.py --exclude NAME leaves someone's votes out of the next rounds."
         return note, pd.DataFrame(rows, columns=PEOPLE_COLUMNS)
 
     def report(self, wanted, win_rates: list[WinRate] | None = None) -> tuple[dict, str]:
