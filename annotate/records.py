@@ -248,6 +248,9 @@ class Preference:
     pair picked for the reward model's disagreement): the round reports held-out accuracy by source."""
     strength: float = 1.0
     """How much better `chosen` is, the mean over the majority's votes: 1 slightly (or ungraded), 2 much."""
+    weight: float = 1.0
+    """How much the pair counts in the reward model's loss: 1 each with votes.weighting = "majority"; with
+    "reliability", how sure the votes are given each voter's estimated accuracy (annotate.reliability)."""
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from annotate.records import Vote
 from annotate.statistics import wilson_interval
@@ -171,3 +171,67 @@ def bootstrap_intervals(labels: Labels, resamples: int = 200, seed: int = 0,
 def store_reliability(store) -> DawidSkeneFit:
     """Dawid-Skene on every vote in the store (store.votes())."""
     return dawid_skene(labels_from_votes(store.votes()))
+
+
+UNKNOWN_ACCURACY = 0.75
+"""The accuracy taken for a voter with neither gold votes nor enough overlap to estimate one: a careful person at 25%
+flips, so that with nothing known every single-vote pair weighs the same (after normalising: 1, as by majority)."""
+MIN_ESTIMATE_VOTES = 10
+"""Gold votes, or a/b votes on pairs shared with others, from which a voter's own estimate replaces UNKNOWN_ACCURACY."""
+ACCURACY_BOUNDS = (0.05, 0.95)
+"""Accuracies are kept inside these so that no single vote is certain (an infinite log-odds)."""
+
+
+def voter_accuracies(fit: DawidSkeneFit, gold: dict[str, tuple[int, int]]) -> dict[str, float]:
+    """Each voter's accuracy for weighting: their gold accuracy ((right + 1) / (judged + 2)) from MIN_ESTIMATE_VOTES
+    gold votes, else their Dawid-Skene accuracy from as many shared a/b votes; voters with neither are left out (they
+    take UNKNOWN_ACCURACY)."""
+    accuracies = {name: estimate.accuracy for name, estimate in fit.annotators.items()
+                  if estimate.n >= MIN_ESTIMATE_VOTES}
+    for name, (right, judged) in gold.items():
+        if judged >= MIN_ESTIMATE_VOTES:
+            accuracies[name] = (right + 1) / (judged + 2)
+    return accuracies
+
+
+def weighted_preferences(preferences: list, votes: list[Vote], accuracies: dict[str, float],
+                         gold_pairs: frozenset[int] = frozenset()) -> list:
+    """The preferences (annotate.records.Preference, the store's majority labels) weighted by how sure their votes
+    are: for pair i, log-odds L = sum over its a/b votes of +-log(p_j / (1 - p_j)) (+ for the majority's side), p_j
+    the voter's accuracy (`accuracies`, else UNKNOWN_ACCURACY, within ACCURACY_BOUNDS); P = sigmoid(L); a pair with
+    P < 1/2 is flipped (its careful voters outweigh a careless majority) and its weight is 2P - 1, 0 for votes that
+    say nothing (a random clicker's alone). Gold pairs keep their gold side with weight 1. Weights are then scaled to
+    mean 1, so the loss's scale (and the head's L2 choice) is as with majority labels."""
+    by_pair: dict[int, list[tuple[str, str]]] = {}
+    for vote in votes:
+        if vote.choice in ("a", "b"):
+            by_pair.setdefault(vote.pair_id, []).append((vote.annotator, vote.choice))
+    weighted = []
+    for preference in preferences:
+        if preference.pair_id in gold_pairs:
+            weighted.append(replace(preference, weight=1.0))
+            continue
+        cast = by_pair.get(preference.pair_id, [])
+        majority = "a" if sum(choice == "a" for _, choice in cast) * 2 > len(cast) else "b"
+        sure = 1.0 / (1.0 + math.exp(-sum(_log_odds(accuracies, name) * (1 if choice == majority else -1)
+                                          for name, choice in cast)))
+        if sure < 0.5:
+            preference, sure = replace(preference, chosen=preference.rejected, rejected=preference.chosen), 1.0 - sure
+        weighted.append(replace(preference, weight=2.0 * sure - 1.0))
+    total = sum(p.weight for p in weighted)
+    return [replace(p, weight=p.weight * len(weighted) / total) for p in weighted] if total > 0 else weighted
+
+
+def _log_odds(accuracies: dict[str, float], name: str) -> float:
+    low, high = ACCURACY_BOUNDS
+    p = min(max(accuracies.get(name, UNKNOWN_ACCURACY), low), high)
+    return math.log(p / (1.0 - p))
+
+
+def reliability_weighted(store, preferences: list) -> list:
+    """`weighted_preferences` of the store's preferences, on its counted votes (excluded annotators' left out), its
+    Dawid-Skene fit and its gold results."""
+    excluded = set(store.excluded_annotators())
+    votes = [vote for vote in store.votes() if vote.annotator not in excluded]
+    accuracies = voter_accuracies(dawid_skene(labels_from_votes(votes)), store.gold_results())
+    return weighted_preferences(preferences, votes, accuracies, frozenset(store.gold_pair_ids()))

@@ -13,9 +13,10 @@ from annotate.metrics import (RM_LIVE_PREFIX, RM_PREFIX, ROUND_ACTOR_POLICY_ID, 
                               ROUND_MIN_ACCURACY, ROUND_NEW_PAIRS, ROUND_PAIRS_GENERATED, ROUND_PAIRS_USED,
                               ROUND_POLICY_ID, ROUND_PPO_PROMPTS, ROUND_REFERENCE, ROUND_RESUMED_FROM,
                               ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY, ROUND_SECONDS, ROUND_STAGE,
-                              ROUND_STARTED_FROM, ROUND_VOTES, stage_seconds)
+                              ROUND_STARTED_FROM, ROUND_VOTES, ROUND_WEIGHTING, stage_seconds)
 from annotate.promotion import PromotionDecision, refresh_promotions
 from annotate.records import Policy, Preference
+from annotate.reliability import reliability_weighted
 from annotate.store import Store
 from loop.checks import RoundRefused
 from loop.config import LoopConfig
@@ -115,6 +116,8 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
         log(f"Marked crashed round(s) {', '.join(map(str, stale))} as failed; resuming from what they finished.")
     store.ensure_base_policy(base_model)
     preferences = list(store.preferences())
+    if config.votes.weighting == "reliability":  # each pair weighted by how sure its votes are
+        preferences = reliability_weighted(store, preferences)
     last_done = store.last_done_round()
     used_before = int(last_done.metrics.get(ROUND_PAIRS_USED.name, 0)) if last_done else 0
     new_pairs = len(preferences) - used_before
@@ -146,7 +149,7 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
         ROUND_ACTOR_POLICY_ID: actor.id, ROUND_REFERENCE: first,
         ROUND_VOTES.name: store.count_votes_since(None), ROUND_MIN_ACCURACY.name: config.round.min_accuracy,
         ROUND_PPO_PROMPTS: ppo_prompts, ROUND_STARTED_FROM: held_back,
-        ROUND_EXCLUDED_ANNOTATORS: store.excluded_annotators(),
+        ROUND_EXCLUDED_ANNOTATORS: store.excluded_annotators(), ROUND_WEIGHTING: config.votes.weighting,
         **plan.carried,  # a reused policy's own counts of votes and pairs win
     })
     return plan

@@ -9,6 +9,8 @@ from rlhf.settings_range import (LEARNING_RATE, POSITIVE_COUNT, SEED, SHARE, abo
                                   ranged)
 
 STRATEGIES = ("head", "ensemble", "lpft", "full")
+WEIGHTINGS = ("majority", "reliability")
+"""votes.weighting: how votes become the reward model's labels (annotate.reliability.weighted_preferences)."""
 GRADED_USES = ("off", "margin", "weight")
 """votes.graded: how a vote's strength enters the head's loss (rlhf.losses.graded_terms checks the same names)."""
 DEFAULT_FEATURE = "mean@2"
@@ -117,6 +119,11 @@ class VotesConfig:
     """Bootstrap heads (disagreement for active selection; the "ensemble" score)."""
     cv_folds: int = ranged(5, at_least(2))
     """Cross-validation folds choosing the head's L2 strength."""
+    weighting: str = "majority"
+    """How people's votes make the reward model's labels: "majority" (a pair's strict majority of a/b votes, each pair
+    counting once) or "reliability" (the same pairs, each weighted, and flipped where the votes say so, by how sure its
+    votes are given each voter's estimated accuracy: gold pairs, else Dawid-Skene on overlapping pairs, else 0.75;
+    annotate.reliability.weighted_preferences)."""
     graded: str = "margin"
     """How a vote's strength (slightly or much better; old votes and file pairs count as slightly) enters the
     head strategies' Bradley-Terry loss: "off", "margin" (Llama 2's -log sigmoid(r_c - r_r - m)) or "weight"
@@ -137,6 +144,8 @@ class VotesConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"votes.weighting must be one of {', '.join(WEIGHTINGS)}, not {self.weighting!r}")
         if self.graded not in GRADED_USES:
             raise ValueError(f"votes.graded must be one of {', '.join(GRADED_USES)}, not {self.graded!r}")
 

@@ -191,6 +191,13 @@ def split_pairs(pairs: Sequence[PairLike], heldout_fraction: float) -> tuple[lis
     return train, heldout
 
 
+def pair_weights(pairs: Sequence[PairLike]) -> torch.Tensor:
+    """(N,) float64: each pair's weight in the loss (the store's Preference.weight under votes.weighting =
+    "reliability"); 1 for a pair without one (a file's pairs, majority labels)."""
+    return torch.tensor([1.0 if getattr(p, "weight", None) is None else float(p.weight) for p in pairs],
+                        dtype=torch.float64)
+
+
 def pair_strength(pair: PairLike) -> float:
     """The pair's strength (PreferencePair.strength); a pair without one counts as slightly better (1)."""
     return float(getattr(pair, "strength", None) or 1.0)

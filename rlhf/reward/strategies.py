@@ -38,6 +38,7 @@ from rlhf.reward.data import (
     heldout_accuracies,
     pad_pair_rows,
     pair_strength,
+    pair_weights,
     split_pairs,
     tokenize_pairs,
 )
@@ -193,15 +194,18 @@ def score_with_reward_model(model: RewardModel, tokenizer, prompts: Sequence[str
 
 
 def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, strategy: str,
-                      config: StrategyConfig,
-                      strengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+                      config: StrategyConfig, strengths: torch.Tensor | None = None,
+                      pair_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(weight (D,), bootstrap heads (H, D), metrics) of a head strategy on training features (N, D) each;
-    `strengths` (N,) of the votes (1 slightly, 2 much better; None: all 1) enter as votes.graded says."""
+    `strengths` (N,) of the votes (1 slightly, 2 much better; None: all 1) enter as votes.graded says, and each pair's
+    loss is multiplied by `pair_weight` (N,) (votes.weighting; None: 1 each)."""
     diffs = train_chosen - train_rejected  # (N, D)
     if strengths is None:
         strengths = torch.ones(diffs.shape[0], dtype=torch.float64)
     margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
                                     config.votes.much_weight)  # (N,) each
+    if pair_weight is not None:
+        weights = weights * pair_weight.to(weights.dtype)  # (N,)
     fit = bt_head.fit_head(diffs, k=config.votes.cv_folds, seed=config.seed, weights=weights, margins=margins)
     if config.votes.n_heads > 0:
         heads = bt_head.fit_bootstrap_heads(diffs, fit.lam, config.votes.n_heads, seed=config.seed,
@@ -222,6 +226,7 @@ def finetune_under_head(extractor: FeatureExtractor, feature: str, weight: torch
     probe = TrainedPreferenceModel("head", extractor, feature, weight, weight[None, :]).as_reward_model()
     margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
                                     config.votes.much_weight)  # (N,) each
+    weights = weights * pair_weights(pairs).to(weights.dtype)  # votes.weighting's (1 each by majority)
     return finetune_top_layers(probe, extractor.tokenizer, pairs, margins, weights,
                                FinetuneSettings.from_config(config), on_epoch=on_epoch)
 
@@ -253,6 +258,7 @@ def continue_finetuning(warm_start: str, extractor: FeatureExtractor, train: Seq
         return warm.float().eval().requires_grad_(False), {**counts, "rm/finetune_pairs": 0}
     margins, weights = graded_terms(strengths[batch.positions], config.votes.graded, config.votes.much_margin,
                                     config.votes.much_weight)  # (n,) each
+    weights = weights * pair_weights([train[i] for i in batch.positions]).to(weights.dtype)
     settings = replace(FinetuneSettings.from_config(config), epochs=config.votes.incremental_epochs)
     tuned = finetune_top_layers(warm, extractor.tokenizer, [train[i] for i in batch.positions], margins, weights,
                                 settings, on_epoch=on_epoch)
@@ -316,7 +322,7 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
     fc = extractor.features(prompts, chosen, feature)  # (N, D)
     fr = extractor.features(prompts, rejected, feature)  # (N, D)
     strengths = torch.tensor([pair_strength(p) for p in train], dtype=torch.float64)  # (N,)
-    weight, heads, metrics = fit_feature_heads(fc, fr, name, config, strengths)
+    weight, heads, metrics = fit_feature_heads(fc, fr, name, config, strengths, pair_weights(train))
     reward_model = None
     if name == "lpft":
         def report(epoch: int, loss: float, _) -> None:

@@ -1,0 +1,117 @@
+"""votes.weighting = "reliability" (#30 item 4): each preference weighted, and flipped where careful voters outweigh a
+careless majority, by how sure its votes are given each voter's accuracy (annotate.reliability.weighted_preferences),
+worked out by hand; the weights reach the head's and LP-FT's losses; the round records the weighting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from annotate.records import Preference, Vote
+from annotate.reliability import (UNKNOWN_ACCURACY, AnnotatorReliability, DawidSkeneFit, voter_accuracies,
+                                  weighted_preferences)
+from rlhf.reward import bt_head, strategies
+from rlhf.reward.config import StrategyConfig, VotesConfig
+
+
+def preference(pair_id: int, chosen: str = "A", rejected: str = "B") -> Preference:
+    return Preference(pair_id, "prompt", chosen, rejected, votes=1, kind="sample")
+
+
+def votes(table: list[tuple[int, str, str]]) -> list[Vote]:
+    return [Vote(i, pair, name, choice, True, 5.0, "") for i, (pair, name, choice) in enumerate(table)]
+
+
+def test_weights_and_flips_worked_out_by_hand():
+    accuracies = {"careful": 0.9, "careful2": 0.9, "careless": 0.5, "careless2": 0.5}
+    cast = votes([(1, "careful", "a"), (1, "careful2", "a"), (1, "careless", "b"),  # a: L = 2 ln 9, P = 81/82
+                  (2, "careless", "a"),  # P = 1/2: says nothing, weight 0
+                  (3, "careful", "b"),  # P = 0.9, weight 0.8
+                  (4, "careless", "a"), (4, "careless2", "a"), (4, "careful", "b"),  # majority a, L = -ln 9
+                  (5, "new", "a")])  # nobody knows new: UNKNOWN_ACCURACY 0.75, weight 0.5
+    prefs = [preference(1), preference(2), preference(3), preference(4, "A4", "B4"), preference(5), preference(6)]
+    out = weighted_preferences(prefs, cast, accuracies, gold_pairs=frozenset({6}))
+    raw = [2 * 81 / 82 - 1, 0.0, 0.8, 0.8, 2 * UNKNOWN_ACCURACY - 1, 1.0]  # pair 6: gold, its side, weight 1
+    mean = sum(raw) / len(raw)
+    assert [p.weight for p in out] == pytest.approx([w / mean for w in raw])
+    assert sum(p.weight for p in out) == pytest.approx(len(out))  # scaled to mean 1, as majority labels weigh
+    assert (out[3].chosen, out[3].rejected) == ("B4", "A4")  # the careful vote outweighs two careless ones: flipped
+    assert [(p.chosen, p.rejected) for p in out if p.pair_id != 4] == [("A", "B")] * 5
+
+
+def test_all_unknown_voters_on_single_votes_weigh_as_the_majority_does():
+    out = weighted_preferences([preference(1), preference(2)], votes([(1, "x", "a"), (2, "y", "b")]), {})
+    assert [p.weight for p in out] == pytest.approx([1.0, 1.0])
+    # no vote says anything (all at 1/2): the weights stay 0 rather than dividing by zero
+    assert [p.weight for p in weighted_preferences([preference(1)], votes([(1, "x", "a")]), {"x": 0.5})] == [0.0]
+
+
+def test_a_voters_accuracy_is_gold_from_10_gold_votes_else_dawid_skene_from_10_shared_votes():
+    fit = DawidSkeneFit({"ds": AnnotatorReliability("ds", 0.8, 0.6, 0.9, 12, 9.6),
+                         "few": AnnotatorReliability("few", 0.9, 0.5, 0.99, 9, 8.1),
+                         "both": AnnotatorReliability("both", 0.9, 0.7, 0.95, 30, 27.0)}, {}, 5, True)
+    got = voter_accuracies(fit, {"both": (5, 10), "gold": (18, 20), "little": (3, 3)})
+    assert got == pytest.approx({"ds": 0.8, "both": 6 / 12, "gold": 19 / 22})  # few, little: too few to say
+
+
+def test_the_pair_weights_reach_the_heads_loss_multiplied_into_the_graded_weights(monkeypatch):
+    seen = {}
+    real_fit, real_boot = bt_head.fit_head, bt_head.fit_bootstrap_heads
+
+    def fit_head(diffs, **kwargs):
+        seen["fit"] = kwargs["weights"].clone()
+        return real_fit(diffs, **kwargs)
+
+    def bootstrap(diffs, lam, n_heads, **kwargs):
+        seen["boot"] = kwargs["weights"].clone()
+        return real_boot(diffs, lam, n_heads, **kwargs)
+
+    monkeypatch.setattr(bt_head, "fit_head", fit_head)
+    monkeypatch.setattr(bt_head, "fit_bootstrap_heads", bootstrap)
+    torch.manual_seed(0)
+    chosen, rejected = torch.randn(12, 3, dtype=torch.float64) + 0.5, torch.randn(12, 3, dtype=torch.float64)
+    config = StrategyConfig(votes=VotesConfig(graded="weight", much_weight=2.0, n_heads=2, cv_folds=2))
+    strengths = torch.tensor([1.0, 2.0] * 6, dtype=torch.float64)  # graded weights 1 and 2
+    pair_weight = torch.tensor([0.0, 0.5, 1.5] * 4, dtype=torch.float64)
+    strategies.fit_feature_heads(chosen, rejected, "head", config, strengths, pair_weight)
+    expected = torch.tensor([1.0, 2.0] * 6, dtype=torch.float64) * pair_weight
+    assert torch.equal(seen["fit"], expected) and torch.equal(seen["boot"], expected)
+
+
+def test_lpft_multiplies_each_pairs_weight_into_its_loss(monkeypatch):
+    seen = {}
+
+    def finetune(model, tokenizer, pairs, margins, weights, settings, on_epoch=None):
+        seen["weights"] = weights.clone()
+        return model
+
+    monkeypatch.setattr(strategies, "finetune_top_layers", finetune)
+    monkeypatch.setattr(strategies.TrainedPreferenceModel, "as_reward_model", lambda self: "probe")
+    pairs = [Preference(i, "p", "c", "r", 1, "sample", strength=1.0, weight=w) for i, w in enumerate((0.25, 2.0))]
+    config = StrategyConfig(votes=VotesConfig(graded="off"))
+    extractor = type("Extractor", (), {"tokenizer": None})()  # finetune_top_layers, stubbed, takes its tokenizer
+    strategies.finetune_under_head(extractor, "mean@2", torch.zeros(3), pairs, torch.ones(2), config)
+    assert seen["weights"].tolist() == [0.25, 2.0]
+
+
+def test_the_round_trains_on_the_weighted_preferences_and_records_its_weighting(tmp_path):
+    from loop.config_files import load_config
+    from loop.round_plan import plan_round
+    from tests.test_exclusion import two_annotator_store
+
+    store, pairs = two_annotator_store(tmp_path / "w.db")
+    for pair in pairs[1:]:  # a third voter sides with careful on pairs 2-4, so they have majorities
+        store.record_vote(pair, "other", "a", a_on_left=True)
+    config = load_config(None, ["round.min_new_pairs=1", f"round.checkpoints_dir={tmp_path / 'c'}",
+                                "votes.weighting=reliability", "promotion.rule=always"])
+    plan = plan_round(store, "base", config, log=lambda message: None)
+    assert store.round(plan.round_id).metrics["round/weighting"] == "reliability"
+    # nobody has 10 shared votes yet: every voter takes UNKNOWN_ACCURACY, and pair 1 (a 1, b 2) and pairs 2-4
+    # (a 2, b 1) are all one net vote: equal weights, 1 after scaling
+    assert [p.weight for p in plan.preferences] == pytest.approx([1.0] * 4)
+    assert math.isclose(sum(p.weight for p in plan.preferences), len(plan.preferences))
+    with pytest.raises(ValueError, match="votes.weighting must be one of majority, reliability"):
+        VotesConfig(weighting="loudest")
+    store.close()
