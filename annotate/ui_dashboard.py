@@ -28,6 +28,9 @@ from annotate.store.sql import now
 from annotate.ui_session import PRIVATE_EVENT, AppConfig, Session, signed_in_name
 
 AGREEMENT_COLUMNS = ["annotator 1", "annotator 2", "pairs", "agreement", "kappa"]
+PEOPLE_COLUMN_WIDTHS = ["11%", "6%", "6%", "11%", "7%", "10%", "7%", "11%", "11%", "20%"]
+"""The people table's columns (annotate.people.PEOPLE_COLUMNS): wide enough that an empty one keeps its header
+readable, the widest for the reason someone looks careless."""
 PEOPLE_FOR_ADMINS = "The per-annotator table is shown to admins (sign in as one on the Annotate tab)."
 NO_REPORT = "No round report yet: each round ends with one (or `python app.py --report N` makes it)."
 
@@ -177,7 +180,8 @@ def _layout() -> dict[str, gr.components.Component]:
             parts["agreement"] = _table(AGREEMENT_COLUMNS, "Agreement per annotator pair")
     with gr.Accordion("People (admins)", open=False):
         parts["people_note"] = gr.Markdown(elem_id="people-note")
-        parts["people"] = _table(PEOPLE_COLUMNS, "Each annotator", elem_id="people-table")
+        parts["people"] = _table(PEOPLE_COLUMNS, "Each annotator", elem_id="people-table",
+                                 column_widths=PEOPLE_COLUMN_WIDTHS)
     with gr.Accordion("Round report: the same prompts before and after", open=False):
         parts["report_round"] = gr.Dropdown([], label="Round", elem_id="report-round", interactive=True)
         parts["report"] = gr.HTML(elem_id="round-report", js_on_load=None)

@@ -61,3 +61,28 @@ def test_the_dashboard_shows_the_stores_numbers_in_every_panel(browser, dashboar
                            ".map(f => f.getBoundingClientRect().right))")
     assert widest <= width + 1
     page.screenshot(path=str(tmp_path / f"dashboard-{width}x{height}.png"), full_page=True)
+
+
+def test_an_admin_sees_who_looks_careless_and_why_in_the_people_table(browser, demo_db, tmp_path):  # noqa: F811
+    from tests.test_report import copy_database
+
+    db = copy_database(demo_db, tmp_path / "team.db")
+    with Store(db) as store:  # someone who always took the answer shown on the left, on 24 new pairs
+        policy = store.first_policy()
+        store.add_annotator("lefty")
+        for i in range(24):
+            store.add_prompts([f"Careless question {i}?"], source="test")
+            prompt_id = store.prompts()[-1].id
+            pair = store.add_pair(prompt_id, store.add_generation(prompt_id, policy.id, f"left {i}", 2, "eos"),
+                                  store.add_generation(prompt_id, policy.id, f"right {i}", 2, "eos"))
+            store.record_vote(pair, "lefty", "a" if i % 2 else "b", a_on_left=bool(i % 2), seconds=0.4)
+    store = Store(db)
+    with served(store, AppConfig(admins=("boss",), refresh_s=60)) as url:
+        page = browser.new_page(viewport={"width": 1366, "height": 900})
+        open_dashboard(page, url)
+        page.get_by_text("People (admins)").click()  # a closed accordion below the tables
+        wait_for_text(page, "#people-table", "lefty")
+        table = page.inner_text("#people-table")
+        assert "looks careless" in table and "gold accuracy" in table
+        assert "picks the left answer in 100% of 24 a/b votes (p = 1e-07); a median of 0.4 s a pair" in table
+        page.screenshot(path=str(tmp_path / "people-table.png"), full_page=True)
