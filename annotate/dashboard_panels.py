@@ -19,7 +19,7 @@ from annotate.metrics import (DEMO_ANNOTATOR, DEMO_JUDGE_SCORE, DEMO_WIN_RATE, D
                               ROUND_MIN_ACCURACY, ROUND_PAIRS_USED, ROUND_VOTES, Metric)
 from annotate.plots import Panel, Series
 from annotate.promotion import PromotionDecision
-from annotate.records import Policy, Round, WinRate
+from annotate.records import Policy, Round, WinRate, current_policy_of, newest_policy
 
 NO_ROUNDS = "No rounds yet: each finished round adds a point here."
 NO_STEPS = "No rounds yet: the last round's per-step curves appear here."
@@ -203,9 +203,9 @@ def _newest_votes_line(win_rates: list[WinRate], policies: list[Policy]) -> str:
 def promotion_line(policies: list[Policy]) -> str:
     """Markdown: whether the newest policy is promoted (the current one) or a candidate, and why; "" before any round's
     policy (annotate.promotion)."""
-    if not policies or (newest := max(policies, key=lambda p: (p.round, p.id))).round == 0:
+    if not policies or (newest := newest_policy(policies)).round == 0:
         return ""
-    current = max((p for p in policies if p.is_promoted), key=lambda p: (p.round, p.id))
+    current = current_policy_of(policies)
     decision = PromotionDecision.from_json(newest.promotion)
     state = "promoted: the current policy, which writes the pairs and starts the next round" \
         if newest.id == current.id else \

@@ -72,6 +72,16 @@ class Policy:
                 "--prune --dry-run lists them), or raise round.keep_policies to keep more from now on.")
 
 
+def newest_policy(policies) -> Policy | None:
+    """The policy of the highest round (the last recorded among equals); None for none."""
+    return max(policies, key=lambda p: (p.round, p.id), default=None)
+
+
+def current_policy_of(policies) -> Policy | None:
+    """The newest promoted policy (Policy.is_promoted): it writes the pairs and the next round starts from it."""
+    return newest_policy([p for p in policies if p.is_promoted])
+
+
 @dataclass(frozen=True)
 class Generation:
     """One answer written by a policy."""

@@ -90,7 +90,7 @@ def fit_accuracy(data: CurveData, votes: list[tuple], weights: list[float] | Non
     return accuracy(data, f"head:{FEATURE}", weight, evaluation)
 
 
-def flags(votes: list[tuple], gold: dict, truth: list[str]) -> dict[str, str]:
+def flags(votes: list[tuple], gold: dict) -> dict[str, str]:
     """careless_reason of each member on their first FIRST_VOTES votes and their gold votes."""
     reasons = {}
     for member in (*CAREFUL, *CARELESS):
@@ -109,7 +109,7 @@ def run_seed(data: CurveData, seed: int, n_careful: int, args) -> dict:
     votes = team_votes(data, order, n_careful, args, rng)
     gold = gold_results(args, rng)
     careful = [v for v in votes if v[1] in CAREFUL]
-    reasons = flags(votes, gold, data.truth)
+    reasons = flags(votes, gold)
     return {"careful_only": fit_accuracy(data, careful, None, evaluation, seed),
             "majority": fit_accuracy(data, votes, None, evaluation, seed),
             "weighted": fit_accuracy(data, votes, weights_of(votes, gold), evaluation, seed),

@@ -21,6 +21,7 @@ from annotate.metrics import (DEMO_ANNOTATOR, DEMO_FIRST_JUDGE_SCORE, DEMO_JUDGE
                               ROUND_ACTOR_POLICY_ID, ROUND_CEILING_POLICY_PATH, ROUND_PROMOTED, ROUND_REWARD_MODEL_PATH,
                               ROUND_SECONDS, ceiling_name, stage_seconds)
 from annotate.promotion import PromotionDecision, refresh_promotions
+from annotate.records import current_policy_of
 from annotate.simulate import AnnotatorSpecError, noisy, resolve_judge, resolve_score
 from annotate.statistics import mean_and_standard_error
 from annotate.store import Store
@@ -316,8 +317,7 @@ def promotion_outcome(store: Store, rows: list[dict], evaluation: Evaluation, co
     policies = store.policies()
     for row in rows:
         made = store.policy(row["policy_id"])
-        current = max((p for p in policies if p.is_promoted and (p.round, p.id) <= (made.round, made.id)),
-                      key=lambda p: (p.round, p.id))
+        current = current_policy_of([p for p in policies if (p.round, p.id) <= (made.round, made.id)])
         judged = current.path in evaluation.by_policy or not current.pruned  # answered in this run, or loadable
         verdicts = evaluation.judge_policy(current.path)[1] if judged else {}
         decision = PromotionDecision.from_json(made.promotion)

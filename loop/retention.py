@@ -30,7 +30,7 @@ from annotate.disk import (POLICY, Checkpoint, disk_line, folder_bytes, folder_k
                            size_text)
 from annotate.metrics import (ROUND_ACTOR_POLICY_ID, ROUND_CEILING_POLICY_PATH, ROUND_POLICY_ID, ROUND_POLICY_PATH,
                               ROUND_REFERENCE, ROUND_REWARD_MODEL_PATH)
-from annotate.records import Policy, Round, WinRate
+from annotate.records import Policy, Round, WinRate, current_policy_of, newest_policy
 from annotate.store import Store
 from loop.config import LoopConfig
 from loop.round_lock import RoundBusy, RoundLock
@@ -109,10 +109,9 @@ def kept_reasons(policies: list[Policy], rounds: list[Round], win_rates: list[Wi
     kept_ids: dict[int, list[str]] = {}
     kept_paths: dict[str, list[str]] = {}
     if policies:
-        current = max((p for p in policies if p.is_promoted), key=lambda p: (p.round, p.id))
+        current, newest = current_policy_of(policies), newest_policy(policies)
         _add(kept_ids, current.id, "the current policy: the next round and the app's pairs start from it")
         _add(kept_ids, current.parent_id, "the current policy's parent: its versus pairs are set against it")
-        newest = max(policies, key=lambda p: (p.round, p.id))
         if newest.id != current.id:
             _add(kept_ids, newest.id, "the newest policy, a candidate: its versus pairs may still promote it")
     trained = sorted((p for p in policies if p.round > 0), key=lambda p: (p.round, p.id))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from annotate.records import Policy
+from annotate.records import Policy, current_policy_of
 from annotate.store import sql as queries
 from annotate.store.sql import now
 
@@ -65,8 +65,7 @@ class PolicyRecords:
     def current_policy(self) -> Policy | None:
         """The promoted policy of the highest round (Policy.is_promoted): it writes the pairs and the next round
         starts from it. Candidates that were not promoted stay rows (their votes count) but are never current."""
-        promoted = [p for p in self.policies() if p.is_promoted]
-        return max(promoted, key=lambda p: (p.round, p.id)) if promoted else None
+        return current_policy_of(self.policies())
 
     def first_policy(self) -> Policy | None:
         """The reference: the last recorded policy of the lowest round (an SFT model recorded at round 0 after the
