@@ -1,4 +1,5 @@
-"""Admin tab: prompts, pairs, rounds, export, annotators. Every handler checks the role on the server first.
+"""Admin tab: prompts, pairs, rounds, export, annotators, exclusion and gold pairs (annotate/ui_people_admin.py).
+Every handler checks the role on the server first.
 
 Hiding buttons protects nothing (anyone can call a Gradio endpoint), so each handler starts with `refusal()`,
 which looks up the signed-in person's role in the store at the time of the call.
@@ -19,6 +20,7 @@ from annotate.background import PairJob, RoundStarter
 from annotate.importers import ACCEPTED_FILES, PromptImportError
 from annotate.records import ROLES
 from annotate.store import Store
+from annotate.ui_people_admin import PeopleAdmin, build_people_admin
 from annotate.ui_session import PRIVATE_EVENT, AppConfig, Session, clean_name, escape, signed_in_name
 
 EXPORT_FORMATS = ("jsonl", "parquet")
@@ -26,7 +28,7 @@ MAX_PAIRS_PER_REQUEST = 10_000
 ANNOTATOR_COLUMNS = ["name", "role", "votes", "since"]
 
 
-class AdminHandlers:
+class AdminHandlers(PeopleAdmin):
     """Plain functions behind the admin tab; each returns what the page shows, refusals included."""
 
     def __init__(self, store: Store, config: AppConfig, job: PairJob, runner: RoundStarter):
@@ -196,6 +198,7 @@ def build_admin_tab(handlers: AdminHandlers, session: gr.State, config: AppConfi
             role = gr.Radio(list(ROLES), value="annotator", label="Role")
             role_button = gr.Button("Set role")
         role_message = gr.Markdown()
+    build_people_admin(handlers, session)
     timer = gr.Timer(config.refresh_s, active=False)
 
     def generate_event(n, share, state: Session, request: gr.Request):
