@@ -54,6 +54,9 @@ COMMANDS = [
      "one starred)", "commands.promotion:list_policies"),
     ("--promotion", ("POLICY", "ACTION"), "an admin's decision on policy POLICY: promote or reject it whatever the "
      "evidence, or auto to let the evidence decide again", "commands.promotion:promotion"),
+    ("--plan", None, "the memory per GPU of a round's PPO under DDP, LoRA and FSDP2, from the model's config alone "
+     "(no weights load), with the engine to run and the largest ppo.batch_size that fits (--gpus, --gpu-memory, "
+     "--json)", "commands.plan:plan"),
     ("--merge", ("SOURCE", "OUT"), "merge a LoRA round's policy (SOURCE: its folder of adapters, or a policy id of "
      "--db) into its base model, saved as a whole model in the new folder OUT (safetensors, tokenizer, "
      "generation_config.json) that transformers loads alone, to publish it", "commands.merge:merge"),
@@ -100,7 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     settings.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                           help="override one setting, e.g. --set ppo.kl_ctl=0.05 (repeatable; --show-config lists "
                                "them all)")
-    inputs = parser.add_argument_group("what a command works on")
+    _add_input_flags(parser.add_argument_group("what a command works on"))
+    add_config_flags(parser)
+    return parser
+
+
+def _add_input_flags(inputs) -> None:
+    """The flags that say what a command works on (files, folders, the plan's machine)."""
     inputs.add_argument("--out", metavar="PATH",
                         help="where a training command saves its model (default data/checkpoints/<kind>-<timestamp>); "
                              "for --report, the HTML file (default <round.checkpoints_dir>/<db name>/round-N/"
@@ -121,10 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "makes NAME admin each time the app starts")
     inputs.add_argument("--dry-run", action="store_true",
                         help="--prune: list what would be deleted and kept, and delete nothing")
+    inputs.add_argument("--gpus", type=int, metavar="N",
+                        help="--plan: processes (GPUs) to plan for (default: the launcher's WORLD_SIZE or the visible "
+                             "GPUs, at least 1)")
+    inputs.add_argument("--gpu-memory", type=float, metavar="GB",
+                        help="--plan: memory of each GPU in GB (default: the first GPU's, or this machine's without "
+                             "one)")
+    inputs.add_argument("--json", action="store_true", help="--plan: print the plan as one JSON line")
     inputs.add_argument("--progress-lines", action="store_true",
                         help="--generate-pairs: print 'pairs-progress DONE TOTAL' lines (what the app reads)")
-    add_config_flags(parser)
-    return parser
 
 
 def dispatch(args: argparse.Namespace, config) -> int:

@@ -20,6 +20,7 @@ from annotate.reliability import reliability_weighted
 from annotate.store import Store
 from loop.checks import RoundRefused
 from loop.config import LoopConfig
+from loop.memory import refuse_unfit_round
 
 Log = Callable[[str], None]
 
@@ -132,6 +133,8 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
     _refuse_heads_settings(config, len(preferences), reuse_policy)
     held_back = _refresh_promotions(store, config, log)
     actor, first = _actor_and_reference(store, crashed)
+    if reuse_policy is None:  # PPO runs: refused here when it would not fit, before any model loads
+        refuse_unfit_round(config, actor.path)
     ppo_prompts = _ppo_prompts(store, config, exclude_prompts, crashed)
     round_id = store.start_round(pid=os.getpid())
     policy_round = max(p.round for p in store.policies()) + 1

@@ -71,6 +71,9 @@ def _drive(digest_dir: Path, app_argv: list[str]) -> int:
     torch.optim.Optimizer.__init__ = optimizer_init
     PreTrainedModel.save_pretrained = recording(PreTrainedModel.save_pretrained, saved)
     RewardModel.save_pretrained = recording(RewardModel.save_pretrained, saved)
+    from peft import PeftModel
+
+    PeftModel.save_pretrained = recording(PeftModel.save_pretrained, saved)  # a LoRA actor's adapters
     Store.__init__ = recording(Store.__init__, stores)
 
     code = app.main(app_argv)
@@ -161,7 +164,9 @@ def test_sft_under_two_processes_records_one_policy(tmp_path, tiny_model_dir):
     assert printed.count("SFT of ") == printed.count("SFT done") == 1
 
 
-def test_ppo_under_two_processes(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_ppo_under_two_processes(tmp_path, tiny_model_dir, lora):
+    """Full PPO and LoRA PPO (the adapters alone trained, saved in peft's format) train in step on two processes."""
     import torch
 
     from rlhf.models import load_tokenizer
@@ -174,10 +179,13 @@ def test_ppo_under_two_processes(tmp_path, tiny_model_dir):
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:8]), encoding="utf-8")
     reports, _ = _torchrun(tmp_path, [
         "--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_dir), "--prompts", str(prompts),
-        "--steps", "1", "--out", str(tmp_path / "actor"), "--db", str(tmp_path / "none.db")])
+        "--steps", "1", "--out", str(tmp_path / "actor"), "--db", str(tmp_path / "none.db"),
+        *(["--set", "ppo.use_lora=true"] if lora else [])])
     _assert_replicas_trained_in_step(reports, n_trained=2)  # the actor and the critic
     _assert_only_rank_zero_wrote(reports)
-    assert (tmp_path / "actor" / "model.safetensors").is_file()
+    saved = "adapter_model.safetensors" if lora else "model.safetensors"
+    assert (tmp_path / "actor" / saved).is_file()
+    assert (tmp_path / "actor" / "model.safetensors").exists() != lora  # a LoRA run saves no whole model
     assert not (tmp_path / "none.db").exists()
 
 
