@@ -254,4 +254,4 @@ def strategy_settings(config: LoopConfig, seed: int, warm_start: str | None) -> 
     """How the round trains its reward model: [votes] for the heads, [reward] for the split and the "full" strategy,
     with this round's seed and warm start."""
     reward = replace(config.reward, warm_start=warm_start, seed=seed, show_progress=True)
-    return StrategyConfig(votes=config.votes, reward=reward, seed=seed)
+    return StrategyConfig(votes=config.votes, reward=reward, seed=seed, tuned_heads=config.ppo.reads_heads)

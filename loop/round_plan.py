@@ -162,11 +162,11 @@ def _refuse_heads_settings(config: LoopConfig, n_preferences: int, reuse_policy:
     """RoundRefused before anything trains when ppo.reward_spread_penalty or ppo.drift_budget is on and the reward
     model this round trains will have no bootstrap heads PPO can read (rlhf.reward.strategies.score_heads)."""
     from rlhf.ppo.config import NeedsHeads
-    from rlhf.reward.strategies import FINETUNED, choose_strategy
+    from rlhf.reward.strategies import choose_strategy
 
     strategy = choose_strategy(n_preferences, config.votes)
-    if reuse_policy is not None or (strategy not in FINETUNED and config.votes.n_heads >= 2):
-        return
+    if reuse_policy is not None or (strategy != "full" and config.votes.n_heads >= 2):
+        return  # head, ensemble and lpft (its heads fitted on its own features: StrategyConfig.tuned_heads) have them
     try:
         config.ppo.refuse_without_heads(f"this round trains a {strategy!r} reward model on {n_preferences} preference "
                                         f"pairs with votes.n_heads = {config.votes.n_heads}")

@@ -20,8 +20,8 @@ from rlhf.reward import bt_head
 from rlhf.reward.conservative import conservative_scores, drift_exceeded, head_spread
 from rlhf.reward.data import PreferencePair
 from rlhf.reward.model import RewardModel
-from rlhf.reward.strategies import (HEADS_FILE, STRATEGY_FILE, StrategyConfig, VotesConfig, score_heads,
-                                    train_strategy)
+from rlhf.reward.strategies import (HEADS_FILE, STRATEGY_FILE, TUNED_HEADS_FILE, StrategyConfig, VotesConfig,
+                                    score_heads, train_strategy)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -247,7 +247,7 @@ def test_a_penalty_without_heads_says_what_to_set(tiny_model_dir, plain_dir, mon
     message = str(refused.value)
     assert message.startswith("ppo.reward_spread_penalty = 0.5 needs the reward model's bootstrap heads")
     assert str(plain_dir) in message and "no head strategy trained it" in message
-    assert 'votes.strategy "head" or "ensemble"' in message and "votes.n_heads of 2 or more" in message
+    assert 'votes.strategy "head", "ensemble" or "lpft"' in message and "votes.n_heads of 2 or more" in message
     assert message.endswith("or set ppo.reward_spread_penalty = 0.")
     with pytest.raises(ValueError, match=r"^ppo.drift_budget = 0.2 needs .* or set ppo.drift_budget = 0.$"):
         build_ppo_trainer(tiny_model_dir, plain_dir, ppo_config(drift_budget=0.2))
@@ -276,6 +276,47 @@ def test_one_head_or_a_fine_tuned_reward_model_has_no_heads_to_trust(tiny_model_
             build_ppo_trainer(tiny_model_dir, folder, ppo_config(reward_spread_penalty=K))
 
 
+def lpft_config(tuned_heads: bool) -> StrategyConfig:
+    return StrategyConfig(votes=VotesConfig(n_heads=4, cv_folds=3, feature="mean@1", finetune_epochs=2,
+                                            finetune_lr=1e-2), tuned_heads=tuned_heads)
+
+
+def test_an_lpft_reward_model_fits_its_heads_on_its_own_fine_tuned_features(tiny_model_dir, tmp_path):
+    """LP-FT moves the layer the heads read: PPO's heads are refitted on the tuned layer's output, the features its
+    v_head and forward_value(heads=) read, and PPO takes them; without them an lpft folder has none to trust."""
+    from rlhf.losses import graded_terms
+    from rlhf.models import load_tokenizer
+    from rlhf.reward.features import FeatureExtractor
+    from rlhf.reward.incremental import pair_key
+
+    votes = tea_votes()
+    trained = train_strategy("lpft", votes, str(tiny_model_dir), lpft_config(tuned_heads=True))
+    folder = trained.save(tmp_path / "lpft")
+    heads, why = score_heads(folder)
+    assert why == "" and heads.shape == (4, 32)
+    # the same fit, by hand, on the saved model's own features of the trained votes (same lambda, seed, no grades)
+    model = RewardModel.from_pretrained(folder).eval()
+    own = FeatureExtractor(model, load_tokenizer(folder), max_length=512)
+    train = [v for v in votes if pair_key(v) in set(trained.trained_pairs)]  # the held-out ones are not fitted
+    prompts = [v.prompt for v in train]
+    diffs = own.features(prompts, [v.chosen for v in train], "mean@-1") - own.features(
+        prompts, [v.rejected for v in train], "mean@-1")
+    votes_config = lpft_config(True).votes
+    margins, weights = graded_terms(torch.ones(len(train), dtype=torch.float64), votes_config.graded,
+                                    votes_config.much_margin, votes_config.much_weight)
+    refit = bt_head.fit_bootstrap_heads(diffs, trained.metrics["rm/lambda"], 4, seed=0, weights=weights,
+                                        margins=margins)
+    assert torch.allclose(heads.double(), refit.double(), atol=1e-5)
+    base_heads = load_file(str(folder / HEADS_FILE))["heads"]
+    assert not torch.allclose(heads, base_heads.float(), atol=1e-3)  # the tuned layer moved the features
+    trainer = build_ppo_trainer(tiny_model_dir, folder, ppo_config(reward_spread_penalty=K))
+    assert torch.equal(trainer.reward_heads, heads)
+    plain = train_strategy("lpft", votes, str(tiny_model_dir), lpft_config(tuned_heads=False)).save(tmp_path / "p")
+    assert not (plain / TUNED_HEADS_FILE).exists()
+    assert score_heads(plain)[0] is None and "fits heads on its own features when [ppo] reads them" in \
+        score_heads(plain)[1]
+
+
 def test_the_trainer_refuses_a_penalty_without_heads(tiny_model_dir, tokenizer):
     from rlhf.models import load_causal_lm
 
@@ -283,3 +324,21 @@ def test_the_trainer_refuses_a_penalty_without_heads(tiny_model_dir, tokenizer):
         PPOTrainer(load_causal_lm(tiny_model_dir), RewardModel.from_causal_lm(tiny_model_dir), tokenizer,
                    ppo_config(reward_spread_penalty=K), reward_model=RewardModel.from_causal_lm(tiny_model_dir),
                    reference=load_causal_lm(tiny_model_dir))
+
+
+def test_an_lpft_round_with_a_spread_penalty_trains_ppo_on_its_tuned_heads(tmp_path, tiny_model_dir):
+    from annotate.store import Store
+    from loop.config_files import load_config
+    from loop.round import run_round
+    from tests.test_round import seed_votes, tiny_settings
+
+    db = tmp_path / "loop.db"
+    seed_votes(db, tiny_model_dir)
+    config = load_config(None, tiny_settings(tmp_path) + ["votes.strategy=lpft", "votes.n_heads=4",
+                                                          "votes.finetune_epochs=1", "ppo.reward_spread_penalty=0.5"])
+    run_round(db, str(tiny_model_dir), config, log=lambda message: None)
+    with Store(db) as store:
+        metrics = store.rounds()[-1].metrics
+    assert metrics["round/rm_strategy"] == "lpft"
+    assert (Path(metrics["round/reward_model_path"]) / TUNED_HEADS_FILE).is_file()
+    assert metrics["ppo/head_spread"] > 0  # PPO read the four heads' spread on the tuned features

@@ -207,9 +207,9 @@ def test_a_round_whose_reward_model_will_have_no_heads_is_refused_before_it_trai
 
     db = tmp_path / "loop.db"
     seed_votes(db, tiny_model_dir)
-    config = load_config(None, tiny_settings(tmp_path) + ["votes.strategy=lpft", "ppo.reward_spread_penalty=0.5"])
+    config = load_config(None, tiny_settings(tmp_path) + ["votes.strategy=full", "ppo.reward_spread_penalty=0.5"])
     with pytest.raises(RoundRefused, match="ppo.reward_spread_penalty = 0.5 needs the reward model's bootstrap heads, "
-                                           "and there are none: this round trains a 'lpft' reward model"):
+                                           "and there are none: this round trains a 'full' reward model"):
         run_round(db, str(tiny_model_dir), config, log=lambda message: None)
     with Store(db) as store:
         assert store.rounds() == []  # refused before its row: nothing trained, nothing to resume

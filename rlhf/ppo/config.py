@@ -88,7 +88,8 @@ class PPOConfig:
     """k of a conservative reward: an answer's reward is the mean of the reward model's bootstrap heads' scores less k
     times their standard deviation (population, as their disagreement is; rlhf.reward.conservative), in place of the
     main head's score, so PPO gains nothing from answers only some heads like (Coste et al. 2023); 0 = off (the main
-    head's score, unchanged). Needs a "head" or "ensemble" reward model with votes.n_heads of 2 or more."""
+    head's score, unchanged). Needs a "head", "ensemble" or "lpft" reward model with votes.n_heads of 2 or more (an
+    lpft round then fits them on its fine-tuned features: rlhf.reward.config.StrategyConfig.tuned_heads)."""
     drift_budget: float = ranged(0.0, at_least(0, "0: off"))
     """End the run early, after the step whose answers' mean head spread (ppo/head_spread: the standard deviation of
     the bootstrap heads' scores of an answer) is above (1 + this) times the first step's: the answers have moved where
@@ -132,12 +133,18 @@ class PPOConfig:
         """NeedsHeads (a ValueError) saying what to set when a setting on needs the reward model's bootstrap heads
         (HEADS_SETTINGS) and there are none, `why` saying why."""
         on = [name for name in HEADS_SETTINGS if getattr(self, name)]
-        if on:
+        if self.reads_heads:
             verb = "needs" if len(on) == 1 else "need"
             raise NeedsHeads(f"{' and '.join(f'ppo.{name} = {getattr(self, name)}' for name in on)} {verb} the reward "
                              f"model's bootstrap heads, and there are none: {why}. Train the reward model with "
-                             f"votes.strategy \"head\" or \"ensemble\" and votes.n_heads of 2 or more, or set "
+                             f"votes.strategy \"head\", \"ensemble\" or \"lpft\" and votes.n_heads of 2 or more, or "
+                             f"set "
                              f"{' and '.join(f'ppo.{name} = 0' for name in on)}.")
+
+    @property
+    def reads_heads(self) -> bool:
+        """A setting on that reads the reward model's bootstrap heads (HEADS_SETTINGS)."""
+        return any(getattr(self, name) for name in HEADS_SETTINGS)
 
     @property
     def fused_first_update(self) -> bool:

@@ -164,6 +164,10 @@ class StrategyConfig:
     """Seeds the folds and the bootstrap."""
     batch_size: int = ranged(16, POSITIVE_COUNT)
     """Answers per forward pass when extracting features."""
+    tuned_heads: bool = False
+    """LP-FT: fit the bootstrap heads once more on the fine-tuned model's own features of the trained votes (one
+    forward pass of them, never cached: the layers change every round), which PPO's conservative reward and drift
+    budget read (rlhf.reward.strategies.score_heads); the round asks for them when [ppo] reads heads."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

@@ -52,6 +52,8 @@ from rlhf.reward.model import (
 from rlhf.reward.train import train_reward_model
 
 HEADS_FILE = "bt_heads.safetensors"
+TUNED_HEADS_FILE = "tuned_heads.safetensors"
+"""An LP-FT folder's bootstrap heads on its own fine-tuned features (StrategyConfig.tuned_heads)."""
 FINETUNED = ("lpft", "full")
 """Strategies that score with a fine-tuned RewardModel (their bootstrap heads stay on the frozen base features)."""
 STRATEGY_FILE = "preference_strategy.json"
@@ -93,6 +95,9 @@ class TrainedPreferenceModel:
     trained_pairs: list[str] = field(default_factory=list)
     """Keys (rlhf.reward.incremental.pair_key) of the votes it trained on: where the next round's incremental LP-FT
     starts counting new votes."""
+    tuned_heads: torch.Tensor | None = None
+    """(H, D) "lpft" only, when asked (StrategyConfig.tuned_heads): bootstrap heads on `reward_model`'s own features,
+    those it scores with, for PPO (`score_heads`); `heads` stay on the frozen base features (pair choice)."""
 
     @property
     def heldout_accuracy(self) -> float | None:
@@ -123,6 +128,8 @@ class TrainedPreferenceModel:
         """Raise rlhf.finite.NotFinite when a metric, the head, a bootstrap head or a fine-tuned weight is not
         finite."""
         tensors = ([("head", self.weight)] if self.weight is not None else []) + [("bootstrap heads", self.heads)]
+        if self.tuned_heads is not None:
+            tensors.append(("bootstrap heads on the fine-tuned features", self.tuned_heads))
         if self.reward_model is not None:
             tensors += list(self.reward_model.named_parameters())
         refuse_non_finite(f"the {self.strategy} reward model", self.metrics, tensors)
@@ -138,6 +145,8 @@ class TrainedPreferenceModel:
         model = self.reward_model if self.reward_model is not None else self.as_reward_model()
         path = model.save_pretrained(path, tokenizer=self.extractor.tokenizer)
         save_file({"heads": self.heads.float().contiguous()}, str(path / HEADS_FILE))
+        if self.tuned_heads is not None:
+            save_file({"heads": self.tuned_heads.float().contiguous()}, str(path / TUNED_HEADS_FILE))
         write_trained_pairs(path, self.trained_pairs)
         base = self.extractor.reward_model.info.get("base_model")
         (path / STRATEGY_FILE).write_text(json.dumps({"strategy": self.strategy, "feature": self.feature,
@@ -217,6 +226,21 @@ def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, 
     return weight, heads, metrics
 
 
+def fit_tuned_heads(reward_model: RewardModel, extractor: FeatureExtractor, train: Sequence[PairLike],
+                    strengths: torch.Tensor, config: StrategyConfig, lam: float) -> torch.Tensor:
+    """(H, D) bootstrap heads on the fine-tuned `reward_model`'s own pooled features of the votes `train` (what it
+    scores with), with the probe's lambda, graded margins and pair weights (StrategyConfig.tuned_heads)."""
+    own = FeatureExtractor(reward_model, extractor.tokenizer, extractor.batch_size, extractor.max_length)
+    feature = f"{reward_model.pooling}@-1"  # its last layer's output: what its v_head reads
+    prompts, chosen, rejected = _texts(train)
+    diffs = own.features(prompts, chosen, feature) - own.features(prompts, rejected, feature)  # (N, D)
+    margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
+                                    config.votes.much_weight)  # (N,) each
+    weights = weights * pair_weights(train).to(weights.dtype)
+    return bt_head.fit_bootstrap_heads(diffs, lam, config.votes.n_heads, seed=config.seed, weights=weights,
+                                       margins=margins)  # (H, D)
+
+
 def finetune_under_head(extractor: FeatureExtractor, feature: str, weight: torch.Tensor, pairs: Sequence[PairLike],
                         strengths: torch.Tensor, config: StrategyConfig,
                         on_epoch: Callable[[int, float, RewardModel], None] | None = None) -> RewardModel:
@@ -276,17 +300,21 @@ def saved_strategy(path: str | Path) -> str | None:
 
 def score_heads(path: str | Path) -> tuple[torch.Tensor | None, str]:
     """(the bootstrap heads (H, D) float32 that score on the features the reward model folder at `path` scores with,
-    "") or (None, why there are none): only a "head" or "ensemble" folder's heads read its v_head's features (an
-    "lpft" or "full" one's read the frozen base model's), and one head (votes.n_heads 0 or 1) has no spread."""
+    "") or (None, why there are none): a "head" or "ensemble" folder's heads read its v_head's features, an "lpft"
+    folder's tuned heads its fine-tuned ones (a "full" one's, and an "lpft" one's other heads, read the frozen base
+    model's), and one head (votes.n_heads 0 or 1) has no spread."""
     strategy = saved_strategy(path)
     if strategy is None:
         return None, "no head strategy trained it (it holds no preference_strategy.json)"
-    if strategy in FINETUNED:
+    heads_file = TUNED_HEADS_FILE if strategy == "lpft" else HEADS_FILE
+    if strategy == "full" or not (Path(path) / heads_file).is_file() and strategy == "lpft":
         return None, (f'its strategy "{strategy}" fine-tuned the decoder, and its bootstrap heads score the frozen '
-                      "base model's features, not those it scores with")
-    if not (Path(path) / HEADS_FILE).is_file():
-        return None, f"it holds no {HEADS_FILE}"
-    heads = load_file(str(Path(path) / HEADS_FILE))["heads"].float()  # (H, D)
+                      "base model's features, not those it scores with"
+                      + (" (an lpft round fits heads on its own features when [ppo] reads them)"
+                         if strategy == "lpft" else ""))
+    if not (Path(path) / heads_file).is_file():
+        return None, f"it holds no {heads_file}"
+    heads = load_file(str(Path(path) / heads_file))["heads"].float()  # (H, D)
     if heads.shape[0] < 2:
         return None, f"it holds {heads.shape[0]} head (votes.n_heads was 0 or 1)"
     return heads, ""
@@ -323,7 +351,7 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
     fr = extractor.features(prompts, rejected, feature)  # (N, D)
     strengths = torch.tensor([pair_strength(p) for p in train], dtype=torch.float64)  # (N,)
     weight, heads, metrics = fit_feature_heads(fc, fr, name, config, strengths, pair_weights(train))
-    reward_model = None
+    reward_model = tuned_heads = None
     if name == "lpft":
         def report(epoch: int, loss: float, _) -> None:
             if on_progress is not None:
@@ -337,6 +365,8 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
             reward_model, continued = continue_finetuning(warm_start, extractor, train, strengths, config, report)
             metrics.update(continued)
         weight = None
+        if config.tuned_heads and config.votes.n_heads >= 2:
+            tuned_heads = fit_tuned_heads(reward_model, extractor, train, strengths, config, metrics["rm/lambda"])
     if name == "full":
         warm_start = config.reward.warm_start if scores_last_token(config.reward.warm_start) else None
         reward_config = replace(config.reward, model=base_model, out_dir=None, heldout_fraction=0.0,
@@ -345,7 +375,7 @@ def train_strategy(name: str, pairs: Sequence[PairLike], base_model: str, config
         reward_model, weight = result.model, None
         metrics = {**result.metrics, "rm/lambda": metrics["rm/lambda"]}
     model = TrainedPreferenceModel(name, extractor, feature, weight, heads, reward_model=reward_model,
-                                   trained_pairs=[pair_key(pair) for pair in train])
+                                   trained_pairs=[pair_key(pair) for pair in train], tuned_heads=tuned_heads)
     model.metrics = {**metrics, "rm/strategy": name, "rm/feature": feature, "rm/n_train": len(train),
                      **heldout_accuracies(heldout, model.ranks_right(heldout) if heldout else [])}
     if heldout:
