@@ -153,3 +153,30 @@ def _interval_text(share: float, n: int) -> str:
     """"62%-91%": the share's 95% Wilson interval over n."""
     low, high = wilson_interval(share, n)
     return f"{low:.0%}-{high:.0%}"
+
+
+@dataclass(frozen=True)
+class GoldProposal:
+    """A pair the app proposes as gold: careful annotators agree on its right answer."""
+
+    pair_id: int
+    side: str
+    voters: int
+    """Careful annotators whose a/b votes all picked `side`."""
+
+
+def careful_names(rows: list[Person], excluded: set[str]) -> set[str]:
+    """Who counts as careful: not excluded, and no careless_reason."""
+    return {person.name for person in rows if person.name not in excluded and not careless_reason(person)}
+
+
+def gold_proposals(votes: list[Vote], careful: set[str], gold_ids: set[int], min_voters: int = 2) -> list[GoldProposal]:
+    """Pairs that are not gold yet on which at least `min_voters` careful annotators voted a or b, all the same side
+    (ties and the others' votes aside), most voters first, then the oldest pair."""
+    sides: dict[int, dict[str, str]] = {}
+    for vote in votes:
+        if vote.choice in ("a", "b") and vote.annotator in careful and vote.pair_id not in gold_ids:
+            sides.setdefault(vote.pair_id, {})[vote.annotator] = vote.choice
+    proposals = [GoldProposal(pair_id, next(iter(set(by.values()))), len(by)) for pair_id, by in sides.items()
+                 if len(by) >= min_voters and len(set(by.values())) == 1]
+    return sorted(proposals, key=lambda p: (-p.voters, p.pair_id))

@@ -12,11 +12,15 @@ from typing import Callable
 
 import gradio as gr
 
+import pandas as pd
+
+from annotate.people import careful_names, gold_proposals, people
 from annotate.records import Pair
 from annotate.store import Store
 from annotate.ui_session import PRIVATE_EVENT, AppConfig, Session, clean_name, escape
 
 GOLD_SIDES = ("a", "b", "none")
+PROPOSAL_COLUMNS = ["pair", "prompt", "right answer", "careful voters"]
 SNIPPET_CHARS = 60
 
 
@@ -91,6 +95,34 @@ class PeopleAdmin:
         self.store.set_gold(pair_id, gold)
         return self._gold_status(pair_id, prompt, gold, pair)
 
+    def _proposals(self):
+        """The pairs careful annotators agree on (annotate.people.gold_proposals), from the votes in now."""
+        store = self.store
+        votes = store.votes()
+        careful = careful_names(people(votes, store.agreement(), store.gold_results()),
+                                set(store.excluded_annotators()))
+        return gold_proposals(votes, careful, set(store.gold_pair_ids()))
+
+    def proposals_frame(self, session: Session | None, request: gr.Request | None = None) -> pd.DataFrame:
+        """The proposed gold pairs, one row each (none for a non-admin)."""
+        if self.refusal(session, request):
+            return pd.DataFrame(columns=PROPOSAL_COLUMNS)
+        rows = [[p.pair_id, " ".join(self.store.prompt(self.store.pair(p.pair_id).prompt_id).text.split())[:80],
+                 p.side, p.voters] for p in self._proposals()]
+        return pd.DataFrame(rows, columns=PROPOSAL_COLUMNS)
+
+    def accept_proposals(self, session: Session | None, request: gr.Request | None = None) -> str:
+        """Mark every proposed pair gold on the side its careful voters agree on; the status line."""
+        if refused := self.refusal(session, request):
+            return refused
+        proposals = self._proposals()
+        for proposal in proposals:
+            self.store.set_gold(proposal.pair_id, proposal.side)
+        if not proposals:
+            return ("No pair to propose: none has two or more careful annotators (not excluded, not flagged) who "
+                    "all picked the same answer. Raise [app] overlap so that pairs get several votes.")
+        return (f"Marked {len(proposals)} proposed pairs gold; {len(self.store.gold_pair_ids())} gold pairs in all.")
+
     def _gold_status(self, pair_id: int, prompt: str, gold: str | None, pair: Pair) -> str:
         marked = len(self.store.gold_pair_ids())
         if gold is None:
@@ -120,6 +152,11 @@ def build_people_admin(handlers: PeopleAdmin, session: gr.State) -> None:
             side = gr.Radio(list(GOLD_SIDES), value="a", label="Right answer (none: an ordinary pair again)")
             gold_button = gr.Button("Mark gold", elem_id="gold-button")
         gold_message = gr.Markdown(elem_id="gold-message")
+        proposed = gr.Dataframe(pd.DataFrame(columns=PROPOSAL_COLUMNS), interactive=False, wrap=True,
+                                label="Proposed gold pairs: two or more careful annotators (not excluded, not flagged) "
+                                      "picked the same answer", elem_id="gold-proposals")
+        accept_button = gr.Button("Mark the proposed pairs gold", elem_id="accept-proposals")
+        accept_message = gr.Markdown(elem_id="accept-message")
 
     def choices(state: Session, request: gr.Request):
         return gr.Dropdown(choices=handlers.annotator_choices(state, request))
@@ -129,7 +166,13 @@ def build_people_admin(handlers: PeopleAdmin, session: gr.State) -> None:
             return handlers.set_excluded(name, excluded, state, request), choices(state, request)
         return event
 
+    def accept(state: Session, request: gr.Request):
+        return handlers.accept_proposals(state, request), handlers.proposals_frame(state, request)
+
     accordion.expand(choices, [session], person, **PRIVATE_EVENT)
+    accordion.expand(handlers.proposals_frame, [session], proposed, **PRIVATE_EVENT)
+    accept_button.click(accept, [session], [accept_message, proposed], **PRIVATE_EVENT)
+    gold_button.click(handlers.proposals_frame, [session], proposed, **PRIVATE_EVENT)
     exclude_button.click(exclusion(True), [person, session], [exclusion_message, person], **PRIVATE_EVENT)
     include_button.click(exclusion(False), [person, session], [exclusion_message, person], **PRIVATE_EVENT)
     gold_button.click(handlers.mark_gold, [pair_id, side, session], gold_message, **PRIVATE_EVENT)

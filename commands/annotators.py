@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from annotate.people import PEOPLE_COLUMNS, people, people_rows
+from annotate.people import PEOPLE_COLUMNS, careful_names, gold_proposals, people, people_rows
 from commands.data import existing_store
 from loop.config import LoopConfig
 
@@ -22,14 +22,21 @@ def annotators(args, config: LoopConfig) -> int:
     """Every annotator who voted: votes, left picks with their interval and binomial p, agreement, median seconds,
     Dawid-Skene accuracy; and who is excluded. Exit 2 without a database."""
     with existing_store(config.app.db) as store:
-        rows = people_rows(people(store.votes(), store.agreement(), store.gold_results()))
+        votes = store.votes()
+        persons = people(votes, store.agreement(), store.gold_results())
         excluded = {a.name: a.excluded_at for a in store.annotators() if a.excluded_at is not None}
-    if not rows:
+        proposals = gold_proposals(votes, careful_names(persons, set(excluded)), set(store.gold_pair_ids()))
+    if not persons:
         print("No votes yet.")
         return 0
     table = [[*row, f"since {excluded[row[0]][:19].replace('T', ' ')}" if row[0] in excluded else ""]
-             for row in rows]
+             for row in people_rows(persons)]
     print(text_table([*PEOPLE_COLUMNS, "excluded"], table))
+    if proposals:
+        shown = ", ".join(f"{p.pair_id} ({p.side}, {p.voters} voters)" for p in proposals[:20])
+        print(f"\nProposed gold pairs, on which two or more careful annotators (not excluded, not flagged) picked "
+              f"the same answer: {shown}{', ...' if len(proposals) > 20 else ''} ({len(proposals)} in all). Mark one "
+              "with --gold PAIR SIDE, or all with the Admin tab's 'Mark the proposed pairs gold'.")
     return 0
 
 

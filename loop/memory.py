@@ -102,14 +102,15 @@ def uses_bf16(config: LoopConfig, memory: DeviceMemory) -> bool:
 
 
 def plan_round_memory(config: LoopConfig, model: str | None = None, gpus: int | None = None,
-                      gpu_memory_gb: float | None = None) -> RoundMemoryPlan:
+                      gpu_memory_gb: float | None = None, local_only: bool = False) -> RoundMemoryPlan:
     """The plan of every engine for `model` (default app.model) on `gpus` processes (default process_count) of
-    `gpu_memory_gb` each (default device_memory's), built from the model's config alone."""
+    `gpu_memory_gb` each (default device_memory's), built from the model's config alone (`local_only`: a hub name's
+    from the local cache only)."""
     from rlhf.memory_plan import ENGINES, largest_batch, plan_engine, recommend
     from rlhf.model_shape import model_config, shape_from_config
 
     name = model or config.app.model
-    text_config = model_config(name)
+    text_config = model_config(name, local_only=local_only)
     shape = shape_from_config(text_config, str(name))
     memory = device_memory(gpu_memory_gb)
     settings = plan_settings(config, shape, text_config, gpus or process_count(), uses_bf16(config, memory))
@@ -121,8 +122,14 @@ def plan_round_memory(config: LoopConfig, model: str | None = None, gpus: int | 
 
 def refuse_unfit_round(config: LoopConfig, actor_path: str) -> None:
     """RoundRefused, before any model loads, when the round's PPO (full or LoRA, as configured) needs more memory
-    per process than the device has; the message gives both figures and what to change."""
-    plan = plan_round_memory(config, model=actor_path)
+    per process than the device has; the message gives both figures and what to change. A model whose config is not
+    on this machine (a hub name not downloaded yet) is not checked: loading it says what is wrong."""
+    from rlhf.models import ModelNotFoundError
+
+    try:
+        plan = plan_round_memory(config, model=actor_path, local_only=True)
+    except (OSError, ValueError, ModelNotFoundError):
+        return
     engine = "lora" if config.ppo.use_lora else "ddp"
     chosen = plan.plans[engine]
     if chosen.fits(plan.memory.bytes):

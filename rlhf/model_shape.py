@@ -40,9 +40,10 @@ class ModelShape:
         return self.embedding_parameters - self.lm_head_parameters + layers * self.layer_parameters
 
 
-def model_config(name_or_path: str | Path):
+def model_config(name_or_path: str | Path, local_only: bool = False):
     """The transformers config of `--model` ("default", a folder (config.json is enough), a hub name), text part
-    only; a folder of LoRA adapters reads its base model's."""
+    only; a folder of LoRA adapters reads its base model's. `local_only`: never ask the hub (a hub name must be in the
+    local cache)."""
     from transformers import AutoConfig
 
     from rlhf.models import adapter_base_path, is_adapter_folder, resolve_model_path
@@ -50,7 +51,7 @@ def model_config(name_or_path: str | Path):
     path = resolve_model_path(name_or_path)
     if is_adapter_folder(path):
         path = resolve_model_path(adapter_base_path(path))
-    config = AutoConfig.from_pretrained(path)
+    config = AutoConfig.from_pretrained(path, local_files_only=local_only)
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 

@@ -1,6 +1,6 @@
 """The Admin tab's "People and gold pairs" in a real headless Chromium: an admin picks an annotator, presses Exclude,
-reads the status line and the store has them excluded; then marks a pair gold (screenshot saved beside the test's
-files)."""
+reads the status line and the store has them excluded; then marks a pair gold, and the pair careful annotators agree
+on as proposed (screenshot saved beside the test's files)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ browser = test_browser.browser  # the headless Chromium fixture
 
 def test_an_admin_excludes_an_annotator_and_marks_a_gold_pair_with_the_buttons(browser, tmp_path):
     db = tmp_path / "team.db"
-    two_annotator_store(db)[0].close()
+    setup, pairs = two_annotator_store(db)
+    setup.record_vote(pairs[2], "other", "a", a_on_left=True)  # pair 3: careful and other agree on a
+    setup.close()
     store = Store(db)
     with served(store, AppConfig(admins=("boss",), refresh_s=60)) as url:
         page = browser.new_page(viewport={"width": 1366, "height": 900})
@@ -41,5 +43,10 @@ def test_an_admin_excludes_an_annotator_and_marks_a_gold_pair_with_the_buttons(b
         wait_for_text(page, "#gold-message", "is a gold pair")
         assert page.inner_text("#gold-message").startswith("Pair 2 (“Question 1?”) is a gold pair, answer a right")
         assert store.gold_pair_ids() == [2]
+        # careless excluded: pair 3's careful voters agree, so it is proposed (the table refreshes after Mark gold)
+        wait_for_text(page, "#gold-proposals", "Question 2?")
+        page.click("#accept-proposals")
+        wait_for_text(page, "#accept-message", "Marked 1 proposed pairs gold")
+        assert store.gold_pair_ids() == [2, 3] and store.pair(3).gold == "a"
         page.locator("#people-admin").scroll_into_view_if_needed()
         page.screenshot(path=str(tmp_path / "people-admin.png"), full_page=True)

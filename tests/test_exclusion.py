@@ -79,3 +79,14 @@ def test_exclude_include_and_the_people_table_in_the_terminal(tmp_path, capsys):
     assert "careless is included again: their 4 votes count again." in capsys.readouterr().out
     assert app.main(["--db", str(db), "--exclude", "nobody"]) == 2
     assert "no annotator named 'nobody'; python app.py --annotators lists who voted." in capsys.readouterr().err
+
+
+def test_the_terminal_table_lists_the_proposed_gold_pairs(tmp_path, capsys):
+    db = tmp_path / "x.db"
+    store, pairs = two_annotator_store(db)
+    store.record_vote(pairs[2], "other", "a", a_on_left=True)  # pair 3: careful a, other a (careless b)
+    store.set_excluded("careless", True)
+    store.close()
+    assert app.main(["--db", str(db), "--annotators"]) == 0
+    out = capsys.readouterr().out
+    assert f"picked the same answer: {pairs[2]} (a, 2 voters) (1 in all)" in out and "--gold PAIR SIDE" in out

@@ -105,3 +105,36 @@ def test_a_demoted_admin_is_refused_at_the_next_call(team):
     store.set_role("careful", "annotator")
     assert admin.set_excluded("careless", False, CAREFUL).startswith(REFUSAL)
     assert store.excluded_annotators() == ["careless"]
+
+
+def test_gold_proposals_are_pairs_careful_voters_agree_on_by_hand():
+    from annotate.people import GoldProposal, gold_proposals
+    from annotate.records import Vote
+
+    def vote(pair_id, annotator, choice):
+        return Vote(0, pair_id, annotator, choice, True, 3.0, "2026-12-02")
+
+    votes = [vote(1, "x", "a"), vote(1, "y", "a"), vote(1, "z", "b"),  # z is not careful: x and y agree on a
+             vote(2, "x", "a"), vote(2, "y", "b"),  # careful voters disagree
+             vote(3, "x", "b"), vote(3, "y", "b"), vote(3, "w", "tie"),  # a tie is no side
+             vote(4, "x", "a"),  # one careful voter
+             vote(5, "x", "a"), vote(5, "y", "a"),  # already gold
+             vote(6, "x", "a"), vote(6, "y", "a"), vote(6, "w", "a")]
+    assert gold_proposals(votes, careful={"x", "y", "w"}, gold_ids={5}) == [
+        GoldProposal(6, "a", 3), GoldProposal(1, "a", 2), GoldProposal(3, "b", 2)]
+    assert gold_proposals(votes, careful={"x", "y", "w"}, gold_ids={5}, min_voters=3) == [GoldProposal(6, "a", 3)]
+
+
+def test_an_admin_marks_the_pairs_careful_annotators_agree_on_as_gold(team):
+    store, admin = team
+    pairs = [1, 2, 3, 4]  # two_annotator_store's, in order
+    store.record_vote(pairs[1], "other", "a", a_on_left=True)  # pair 2: careful a, other a, careless b
+    assert admin.proposals_frame(BOSS).empty  # careless disagrees: not while their vote counts as careful
+    assert admin.accept_proposals(BOSS).startswith("No pair to propose")
+    store.set_excluded("careless", True)
+    frame = admin.proposals_frame(BOSS)
+    assert frame.values.tolist() == [[pairs[1], "Question 1?", "a", 2]]
+    assert admin.accept_proposals(CAREFUL).startswith(REFUSAL) and store.gold_pair_ids() == []
+    assert admin.accept_proposals(BOSS) == "Marked 1 proposed pairs gold; 1 gold pairs in all."
+    assert store.gold_pair_ids() == [pairs[1]] and store.pair(pairs[1]).gold == "a"
+    assert admin.proposals_frame(BOSS).empty and admin.proposals_frame(CAREFUL).empty
