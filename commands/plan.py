@@ -10,7 +10,8 @@ from loop.config import LoopConfig
 
 GB = 1024 ** 3
 NOTES = {"ddp": "every GPU holds the four models whole", "lora": "DDP with LoRA: each base held once",
-         "fsdp2": "sharded over the GPUs; not built yet", "fsdp2-lora": "LoRA sharded so; not built yet"}
+         "fsdp2": "actor and critic sharded over the GPUs (ppo.engine = fsdp2)",
+         "fsdp2-lora": "LoRA sharded so; not built yet"}
 
 
 def plan_lines(plan) -> list[str]:
@@ -24,12 +25,12 @@ def plan_lines(plan) -> list[str]:
              f"{'GPU' if plan.memory.gpu else 'process'}{'es' if s.gpus > 1 and not plan.memory.gpu else ''}"
              f"{'s' if s.gpus > 1 and plan.memory.gpu else ''}: {plan.memory.label}.",
              "",
-             f"{'engine':<11}{'actor':>8}{'critic':>8}{'ref.':>8}{'reward':>8}{'generate':>10}{'train':>8}"
+             f"{'engine':<11}{'actor':>8}{'critic':>8}{'ref.':>8}{'reward':>8}{'copy':>8}{'generate':>10}{'train':>8}"
              f"{'per GPU':>9}  {'fits':<5}{'largest batch':>14}  note"]
     for name, engine in plan.plans.items():
         parts = {m.role: m.total for m in engine.models}
         cells = "".join(f"{parts[role] / GB:>8.2f}" if role in parts else f"{'-':>8}"
-                        for role in ("actor", "critic", "reference", "reward"))
+                        for role in ("actor", "critic", "reference", "reward", "actor copy"))
         lines.append(f"{name:<11}{cells}{engine.generation / GB:>10.2f}{engine.training / GB:>8.2f}"
                      f"{engine.peak / GB:>9.2f}  {'yes' if engine.fits(plan.memory.bytes) else 'no':<5}"
                      f"{plan.largest_batch[name]:>14}  {NOTES[name]}")

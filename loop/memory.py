@@ -130,7 +130,7 @@ def refuse_unfit_round(config: LoopConfig, actor_path: str) -> None:
         plan = plan_round_memory(config, model=actor_path, local_only=True)
     except (OSError, ValueError, ModelNotFoundError):
         return
-    engine = "lora" if config.ppo.use_lora else "ddp"
+    engine = "fsdp2" if config.ppo.engine == "fsdp2" else "lora" if config.ppo.use_lora else "ddp"
     chosen = plan.plans[engine]
     if chosen.fits(plan.memory.bytes):
         return
@@ -139,6 +139,8 @@ def refuse_unfit_round(config: LoopConfig, actor_path: str) -> None:
               "shorten ppo.max_prompt_length or [ppo.sampling] max_new_tokens"]
     if engine == "ddp" and plan.plans["lora"].fits(plan.memory.bytes):
         advice.append("set ppo.use_lora = true (LoRA fits)")
+    if engine == "ddp" and plan.settings.gpus > 1 and plan.plans["fsdp2"].fits(plan.memory.bytes):
+        advice.append("set ppo.engine = fsdp2 (FSDP2 fits)")
     raise RoundRefused(
         f"PPO would need about {chosen.peak / GB:.1f} GB per process ({engine}, batch {plan.settings.batch_size}) "
         f"and {plan.memory.label} leaves {0.9 * plan.memory.bytes / GB:.1f} GB after headroom: "

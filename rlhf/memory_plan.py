@@ -16,10 +16,10 @@ Pure arithmetic on ModelShape (rlhf.model_shape) and the PPO settings; bytes thr
   log-softmax), while the reference takes its log-probs beside them (3 more: the first update reuses that forward),
   and the actor's gradients in its backward pass (counted with them: a plan errs on the side of more);
 - generation: the KV cache of the batch at its full length;
-- FSDP2 (not built yet) shards weights, gradients and optimiser state over the GPUs, frozen models too, and gathers
-  two layers at a time (in bf16 under autocast) for every forward and backward pass, generation included (the
-  sharded forward: a whole actor gathered for generation would not fit where FSDP2 is needed);
-- "fsdp2-lora" is LoRA's two models sharded so.
+- FSDP2 (ppo.engine = "fsdp2", rlhf/ppo/fsdp2.py) shards the trained models' weights, gradients and optimiser state
+  over the GPUs, the frozen models' weights too, and gathers two layers at a time for every forward and backward pass;
+  a plain copy of the actor, whole on every GPU, generates and is saved (refreshed from the shards once per rollout);
+- "fsdp2-lora" (not built) is LoRA's two models sharded so, with the same copy.
 
 Checked against measured peaks on CPU (bench/memory_plan.py, docs/multi-gpu.md).
 """
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field, replace
 from rlhf.model_shape import ModelShape
 
 ENGINES = ("ddp", "lora", "fsdp2", "fsdp2-lora")
-BUILT_ENGINES = ("ddp", "lora")
-"""Engines PPO runs under today; FSDP2's figures say what it would take (issue #31)."""
+BUILT_ENGINES = ("ddp", "lora", "fsdp2")
+"""Engines PPO runs under today; fsdp2-lora's figures say what it would take."""
 HEADROOM = 0.9
 """A plan fits when it needs at most this share of the memory: the allocator's fragmentation and the CUDA context
 take the rest."""
@@ -116,9 +116,13 @@ def is_lora(engine: str) -> bool:
     return engine.endswith("lora")
 
 
+def is_sharded(engine: str) -> bool:
+    return engine.startswith("fsdp2")
+
+
 def shard_count(settings: PlanSettings, engine: str) -> int:
     """GPUs each tensor is split over: all of them under FSDP2, none (1) under DDP."""
-    return settings.gpus if engine.startswith("fsdp2") else 1
+    return settings.gpus if is_sharded(engine) else 1
 
 
 def trained_parameters(shape: ModelShape, settings: PlanSettings, layers: int, lora: bool, actor: bool) -> int:
@@ -143,6 +147,8 @@ def model_memories(shape: ModelShape, settings: PlanSettings, engine: str) -> tu
     if not lora:
         memories += [ModelMemory("reference", shape.parameters, weights=4 * shape.parameters // shards),
                      ModelMemory("reward", reward_params, weights=4 * reward_params // shards)]
+    if is_sharded(engine):  # FSDP2's plain copy of the actor, for generation and saving
+        memories.append(ModelMemory("actor copy", shape.parameters, weights=4 * shape.parameters))
     return tuple(memories)
 
 
@@ -156,8 +162,8 @@ def training_bytes(shape: ModelShape, settings: PlanSettings, engine: str) -> in
     shards = shard_count(settings, engine)
     actor_trained = trained_parameters(shape, settings, shape.layers, is_lora(engine), actor=True)
     critic_trained = trained_parameters(shape, settings, settings.reward_layers, is_lora(engine), actor=False)
-    autocast_copies = 2 * (actor_trained + critic_trained) if settings.bf16 and shards == 1 else 0
-    gathered = 2 * gathered_layer_bytes(shape, settings) if shards > 1 else 0  # two layers: weights and gradients
+    autocast_copies = 2 * (actor_trained + critic_trained) if settings.bf16 and not is_sharded(engine) else 0
+    gathered = 2 * gathered_layer_bytes(shape, settings) if is_sharded(engine) else 0  # two layers, with gradients
     gradients = 4 * actor_trained // shards
     return (activation_bytes(shape, shape.layers, tokens, element)
             + activation_bytes(shape, settings.reward_layers, tokens, element)
@@ -170,15 +176,13 @@ def gathered_layer_bytes(shape: ModelShape, settings: PlanSettings) -> int:
 
 
 def generation_bytes(shape: ModelShape, settings: PlanSettings, engine: str) -> int:
-    """Phase 1's peak above the resident models: the batch's KV cache at full length, its last logits, autocast's
-    bf16 copy of a trained actor, and under FSDP2 two gathered layers."""
+    """Phase 1's peak above the resident models: the batch's KV cache at full length, its last logits, and autocast's
+    bf16 copy of a trained actor (FSDP2 generates with its frozen copy: none)."""
     element = 2 if settings.bf16 else 4
     tokens = settings.batch_size * (settings.prompt_tokens + settings.answer_tokens)
     cache = 2 * shape.layers * tokens * shape.kv_width * element
-    sharded = shard_count(settings, engine) > 1
-    gathered = 2 * gathered_layer_bytes(shape, settings) if sharded else 0
-    autocast_copy = 2 * shape.parameters if settings.bf16 and not is_lora(engine) and not sharded else 0
-    return cache + settings.batch_size * shape.vocab * 4 + gathered + autocast_copy
+    autocast_copy = 2 * shape.parameters if settings.bf16 and not is_lora(engine) and not is_sharded(engine) else 0
+    return cache + settings.batch_size * shape.vocab * 4 + autocast_copy
 
 
 def plan_engine(shape: ModelShape, settings: PlanSettings, engine: str) -> EnginePlan:
@@ -204,18 +208,21 @@ def largest_batch(shape: ModelShape, settings: PlanSettings, engine: str, memory
 def recommend(plans: dict[str, EnginePlan], largest: dict[str, int], memory: int,
               use_lora: bool) -> tuple[str | None, str]:
     """(the engine to run or None, why): the configured kind (full or LoRA) under DDP when it fits, else LoRA, else
-    the built engine that fits the largest batch, saying which ppo.batch_size; else what FSDP2 (not built) would fit."""
+    FSDP2 on several GPUs, else the built engine that fits the largest batch, saying which ppo.batch_size; else what
+    fsdp2-lora (not built) would fit."""
     batch = plans["ddp"].settings.batch_size
     wanted = "lora" if use_lora else "ddp"
     if plans[wanted].fits(memory):
         return wanted, f"{wanted} fits at the configured batch"
     if plans["lora"].fits(memory):
         return "lora", "full fine-tuning does not fit: set ppo.use_lora = true"
+    if plans["fsdp2"].fits(memory) and plans["fsdp2"].settings.gpus > 1:
+        return "fsdp2", "DDP does not fit and LoRA neither: set ppo.engine = fsdp2"
     best = max(BUILT_ENGINES, key=lambda name: largest[name])
     if largest[best]:
-        return best, f"batch {batch} does not fit: set ppo.batch_size = {largest[best]} or less"
-    sharded = max(("fsdp2", "fsdp2-lora"), key=lambda name: largest[name])
-    if largest[sharded]:
-        return None, (f"no engine PPO runs under fits; {sharded} (not built yet) would, at ppo.batch_size = "
-                      f"{largest[sharded]} or less")
+        return best, f"batch {batch} does not fit: set ppo.batch_size = {largest[best]} or less" + (
+            " and ppo.engine = fsdp2" if best == "fsdp2" else "")
+    if largest["fsdp2-lora"]:
+        return None, (f"no engine PPO runs under fits; fsdp2-lora (not built yet) would, at ppo.batch_size = "
+                      f"{largest['fsdp2-lora']} or less")
     return None, "no engine fits: shorter prompts or answers, or more memory per GPU"

@@ -63,7 +63,7 @@ def shape_from_config(config, name: str = "") -> ModelShape:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     total = sum(p.numel() for p in model.parameters())  # shared (tied) tensors once
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model)
     per_layer = max(sum(p.numel() for p in layer.parameters()) for layer in layers)
     in_layers = sum(p.numel() for layer in layers for p in layer.parameters())
     head = model.get_output_embeddings()
@@ -82,7 +82,7 @@ def shape_from_config(config, name: str = "") -> ModelShape:
                       lm_head_parameters=head_parameters)
 
 
-def _decoder_layers(model) -> nn.ModuleList:
+def decoder_layers(model) -> nn.ModuleList:
     """The decoder's layers: the longest ModuleList in the model (Llama's model.layers, GPT-2's transformer.h)."""
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
     if not lists:

@@ -50,12 +50,13 @@ def test_two_gpus_ddp_adds_buckets_and_fsdp2_shards():
     ddp = plan_engine(SHAPE, two, "ddp")
     assert parts(ddp)["actor"] == (4000, 4000, 8000) and parts(ddp)["critic"] == (2432, 2432, 4864)
     fsdp2 = plan_engine(SHAPE, two, "fsdp2")
+    # every model halved, and the actor's whole plain copy that generates
     assert parts(fsdp2) == {"actor": (2000, 0, 4000), "critic": (1216, 0, 2432), "reference": (2000, 0, 0),
-                            "reward": (1216, 0, 0)}
+                            "reward": (1216, 0, 0), "actor copy": (4000, 0, 0)}
     # two gathered layers of 4 x 200 bytes, the actor's gradients halved
     assert fsdp2.training == 20160 + 10560 + 7200 + 2000 + 1600
-    assert fsdp2.generation == 1280 + 400 + 1600
-    assert not fsdp2.built and ddp.built
+    assert fsdp2.generation == 1280 + 400
+    assert fsdp2.built and ddp.built and not plan_engine(SHAPE, two, "fsdp2-lora").built
 
 
 def test_bf16_halves_activations_and_adds_autocast_copies():
@@ -84,6 +85,13 @@ def test_recommend_prefers_the_configured_kind_then_lora_then_a_smaller_batch():
     assert recommend(plans, largest, 1000, use_lora=False) == \
         ("ddp", "batch 2 does not fit: set ppo.batch_size = 1 or less")
     assert recommend(plans, dict.fromkeys(plans, 0), 1000, use_lora=False)[0] is None
+    # weights, not activations: one token each way on 8 GPUs, where sharding the trained models beats LoRA
+    eight = replace(SETTINGS, gpus=8, batch_size=1, mini_batch_size=1, prompt_tokens=1, answer_tokens=1)
+    two = {name: plan_engine(SHAPE, eight, name) for name in plans}
+    only_fsdp2 = (two["fsdp2"].peak + min(two["lora"].peak, two["ddp"].peak)) / 2 / 0.9
+    assert two["fsdp2"].peak < only_fsdp2 * 0.9 < min(two["lora"].peak, two["ddp"].peak)
+    assert recommend(two, largest, only_fsdp2, use_lora=False) == \
+        ("fsdp2", "DDP does not fit and LoRA neither: set ppo.engine = fsdp2")
 
 
 def test_a_config_is_counted_on_the_meta_device_as_the_real_model():
@@ -121,7 +129,8 @@ def test_plan_reads_a_folder_holding_only_config_json(tmp_path, capsys):
     plan = json.loads(capsys.readouterr().out)
     assert plan["parameters"] == 8_030_261_248 and plan["gpus"] == 8  # Llama-3-8B
     assert not plan["engines"]["ddp"]["fits"] and plan["engines"]["lora"]["fits"]
-    assert plan["engines"]["fsdp2"]["fits"] and not plan["engines"]["fsdp2"]["built"]
+    assert plan["engines"]["fsdp2"]["fits"] and plan["engines"]["fsdp2"]["built"]
+    assert not plan["engines"]["fsdp2-lora"]["built"]
     assert plan["recommended"] == "lora"
 
 
@@ -150,3 +159,4 @@ def test_a_round_that_would_not_fit_is_refused_before_it_starts(tmp_path, tiny_m
     with Store(db) as store:
         assert store.rounds() == []  # refused while planning: no round row, nothing trained
     assert not (tmp_path / "checkpoints").exists()
+

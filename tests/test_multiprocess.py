@@ -37,7 +37,9 @@ def _weights_digest(parameters) -> str:
 
     digest = hashlib.sha256()
     for parameter in parameters:
-        digest.update(parameter.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+        parameter = parameter.detach()
+        parameter = parameter.to_local() if hasattr(parameter, "to_local") else parameter  # FSDP2: this rank's shard
+        digest.update(parameter.cpu().contiguous().view(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
 
 
@@ -69,6 +71,20 @@ def _drive(digest_dir: Path, app_argv: list[str]) -> int:
         return wrapper
 
     torch.optim.Optimizer.__init__ = optimizer_init
+    histories: list[list[dict]] = []
+    from rlhf.ppo import trainer as ppo_trainer
+
+    original_train = ppo_trainer.PPOTrainer.train
+
+    def train(self, *args, **kwargs):
+        histories.append(original_train(self, *args, **kwargs))
+        return histories[-1]
+
+    ppo_trainer.PPOTrainer.train = train
+    if os.environ.get("SAME_SEED_ON_EVERY_RANK"):  # every rank samples as rank 0 does (accelerate offsets the seed)
+        from accelerate.utils import set_seed
+
+        ppo_trainer.set_seed = lambda seed, device_specific=False: set_seed(seed)
     PreTrainedModel.save_pretrained = recording(PreTrainedModel.save_pretrained, saved)
     RewardModel.save_pretrained = recording(RewardModel.save_pretrained, saved)
     from peft import PeftModel
@@ -85,6 +101,7 @@ def _drive(digest_dir: Path, app_argv: list[str]) -> int:
         "rank": rank, "world_size": PartialState().num_processes, "exit_code": code,
         "trained": [{"before": before, "after": _weights_digest(params)} for params, before in optimizers],
         "saved": saved, "stores": stores,
+        "history": [[{k: v for k, v in step.items() if isinstance(v, (int, float))} for step in h] for h in histories],
     }
     (digest_dir / f"rank-{rank}.json").write_text(json.dumps(report), encoding="utf-8")
     return code
@@ -93,18 +110,22 @@ def _drive(digest_dir: Path, app_argv: list[str]) -> int:
 # ----- helpers for the tests -----
 
 
-def _torchrun(tmp_path: Path, app_argv: list[str], timeout: int = 600) -> tuple[list[dict], str]:
-    """Launch the driver on two processes; each rank's report (rank order) and what they printed (stdout + stderr)."""
+def _torchrun(tmp_path: Path, app_argv: list[str], timeout: int = 600, processes: int = 2,
+              env: dict | None = None) -> tuple[list[dict], str]:
+    """Launch the driver on `processes` processes (1: a plain interpreter, no launcher); each rank's report (rank
+    order) and what they printed (stdout + stderr)."""
     digest_dir = tmp_path / "digests"
     digest_dir.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT),
-           "CUDA_VISIBLE_DEVICES": ""}  # CPU processes on gloo even on a GPU machine (one GPU cannot host rank 1)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               __file__, str(digest_dir), *app_argv]
+           "CUDA_VISIBLE_DEVICES": "", **(env or {})}  # CPU processes on gloo even on a GPU machine
+    launcher = [] if processes == 1 else ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                          str(processes)]
+    command = [sys.executable, *launcher, __file__, str(digest_dir), *app_argv]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    reports = [json.loads((digest_dir / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
-    assert [r["world_size"] for r in reports] == [2, 2] and [r["exit_code"] for r in reports] == [0, 0]
+    reports = [json.loads((digest_dir / f"rank-{rank}.json").read_text()) for rank in range(processes)]
+    assert [r["world_size"] for r in reports] == [processes] * processes
+    assert [r["exit_code"] for r in reports] == [0] * processes
     return reports, done.stdout + done.stderr
 
 
@@ -189,7 +210,49 @@ def test_ppo_under_two_processes(tmp_path, tiny_model_dir, lora):
     assert not (tmp_path / "none.db").exists()
 
 
-def test_a_round_under_two_processes_records_one_round_and_one_policy(tmp_path, tiny_model_dir):
+def test_an_fsdp2_ppo_step_equals_the_single_process_step(tmp_path, tiny_model_dir):
+    """ppo.engine = fsdp2 on two processes that get the same prompt and sample alike: the gradients FSDP2 averages are
+    the one process's, so the saved actor and the step's losses equal a single process's step (1e-5, fp32)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from rlhf.models import load_tokenizer
+    from rlhf.reward.model import RewardModel
+
+    torch.manual_seed(0)
+    reward_dir = RewardModel.from_causal_lm(tiny_model_dir).save_pretrained(
+        tmp_path / "rm", tokenizer=load_tokenizer(tiny_model_dir))
+    runs = {}
+    for name, processes, engine in (("single", 1, "ddp"), ("fsdp2", 2, "fsdp2")):
+        folder = tmp_path / name
+        folder.mkdir()
+        prompts = folder / "prompts.jsonl"
+        prompts.write_text(json.dumps({"prompt": PROMPTS[0]}) + "\n", encoding="utf-8")  # one per process
+        if processes == 2:
+            prompts.write_text((json.dumps({"prompt": PROMPTS[0]}) + "\n") * 2, encoding="utf-8")
+        reports, _ = _torchrun(folder, [
+            "--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_dir), "--prompts",
+            str(prompts), "--steps", "1", "--out", str(folder / "actor"), "--db", str(folder / "none.db"),
+            *[arg for s in ("ppo.batch_size=1", "ppo.mini_batch_size=1", "ppo.mixed_precision=no",
+                            f"ppo.engine={engine}") for arg in ("--set", s)]],
+            processes=processes, env={"SAME_SEED_ON_EVERY_RANK": "1"})
+        runs[name] = reports
+    single, sharded = runs["single"][0], runs["fsdp2"]
+    assert sharded[1]["saved"] == [] and sharded[1]["stores"] == []  # rank 0 alone saves
+    assert len(sharded[0]["trained"]) == 2  # actor and critic, each rank holding its own half (not DDP's replicas)
+    assert all(a["after"] != b["after"] for a, b in zip(sharded[0]["trained"], sharded[1]["trained"]))
+    for key in ("ppo/policy_loss", "ppo/value_loss", "ppo/kl", "ppo/score", "ppo/response_len"):
+        assert sharded[0]["history"][0][0][key] == pytest.approx(single["history"][0][0][key], abs=1e-5), key
+    mine, theirs = load_file(str(tmp_path / "fsdp2" / "actor" / "model.safetensors")), load_file(
+        str(tmp_path / "single" / "actor" / "model.safetensors"))
+    start = load_file(str(tiny_model_dir / "model.safetensors"))
+    assert mine.keys() == theirs.keys()
+    assert all(torch.allclose(mine[k], theirs[k], atol=1e-5) for k in mine)
+    assert any(not torch.equal(mine[k], start[k]) for k in mine if k in start)  # it trained
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+def test_a_round_under_two_processes_records_one_round_and_one_policy(tmp_path, tiny_model_dir, engine):
     from annotate.store import Store
     from test_round import seed_votes, tiny_settings
 
@@ -197,9 +260,14 @@ def test_a_round_under_two_processes_records_one_round_and_one_policy(tmp_path, 
     seed_votes(db, tiny_model_dir)
     # mean@1: the reward model and the critic PPO starts from keep 1 of the tiny model's 2 layers, so the
     # truncated decoder (final norm as pass-through buffers) is what DDP wraps and keeps in step
-    settings = [arg for setting in [*tiny_settings(tmp_path), "votes.feature=mean@1"] for arg in ("--set", setting)]
+    settings = [arg for setting in [*tiny_settings(tmp_path), "votes.feature=mean@1", f"ppo.engine={engine}"]
+                for arg in ("--set", setting)]
     reports, printed = _torchrun(tmp_path, ["--train-round", "--db", str(db), "--model", str(tiny_model_dir), *settings])
-    _assert_replicas_trained_in_step(reports, n_trained=2)  # actor and critic; the few-votes head needs no optimizer
+    if engine == "ddp":
+        _assert_replicas_trained_in_step(reports, n_trained=2)  # actor and critic; the few-votes head needs no optimizer
+    else:  # each rank trained its own shard of actor and critic
+        assert [len(r["trained"]) for r in reports] == [2, 2]
+        assert all(a["before"] != a["after"] != b["after"] for a, b in zip(*(r["trained"] for r in reports)))
     _assert_only_rank_zero_wrote(reports)
     with Store(db) as store:
         assert [p.round for p in store.policies()] == [0, 1]

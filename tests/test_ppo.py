@@ -525,3 +525,19 @@ def test_one_ppo_step_of_the_default_model(tmp_path):
     assert all(math.isfinite(value) for value in metrics.values()), metrics
     assert metrics["ppo/kl"] == pytest.approx(0.0, abs=1e-4)  # actor == reference before the first update
     assert 1 <= metrics["ppo/response_len"] <= 8
+
+
+def test_the_fsdp2_engine_refuses_lora_an_unknown_engine_and_a_lone_process(tiny_model_dir, tmp_path):
+    from rlhf.ppo.config import PPOConfig
+    from rlhf.ppo.train import build_ppo_trainer
+    from rlhf.models import load_tokenizer
+    from rlhf.reward.model import RewardModel
+
+    with pytest.raises(ValueError, match="engine fsdp2 with use_lora is not built"):
+        PPOConfig(engine="fsdp2", use_lora=True)
+    with pytest.raises(ValueError, match="engine must be one of ddp, fsdp2, not 'zero3'"):
+        PPOConfig(engine="zero3")
+    reward = RewardModel.from_causal_lm(tiny_model_dir).save_pretrained(tmp_path / "rm",
+                                                                         tokenizer=load_tokenizer(tiny_model_dir))
+    with pytest.raises(ValueError, match="needs the processes a launcher starts"):
+        build_ppo_trainer(tiny_model_dir, reward, PPOConfig(engine="fsdp2", mixed_precision="no"))

@@ -25,6 +25,8 @@ class NeedsHeads(ValueError):
     set."""
 
 
+ENGINES = ("ddp", "fsdp2")
+"""PPOConfig.engine's values."""
 HEADS_SETTINGS = ("reward_spread_penalty", "drift_budget")
 """PPOConfig's settings that read the reward model's bootstrap heads (rlhf.reward.conservative)."""
 
@@ -120,6 +122,11 @@ class PPOConfig:
     mixed_precision: str = "auto"
     """auto: bf16 autocast where the hardware has bf16 arithmetic (CUDA, CPUs with AVX512-BF16 or AMX), else fp32
     (`accelerate launch`'s setting wins); "bf16" forces autocast; "no" is fp32 throughout. Weights stay fp32."""
+    engine: str = "ddp"
+    """How actor and critic are split over the processes of `torchrun` / `accelerate launch`: "ddp" (each holds both
+    whole; gradients averaged) or "fsdp2" (torch's fully_shard per decoder layer: weights, gradients and optimiser state
+    split, a whole copy of the actor gathered once per rollout for generation and saving; reference and reward model
+    replicated; not with LoRA). `python app.py --plan` gives both engines' memory (rlhf.ppo.fsdp2)."""
 
     def __post_init__(self):
         check_ranges(self)
@@ -128,6 +135,11 @@ class PPOConfig:
             raise ValueError(f"sampling.temperature must be above 0 (PPO samples), not {self.sampling.temperature}")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, not {self.mixed_precision!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if self.engine == "fsdp2" and self.use_lora:
+            raise ValueError("engine fsdp2 with use_lora is not built: LoRA trains a few MB, so run it with engine "
+                             "ddp (python app.py --plan says whether it fits)")
 
     def refuse_without_heads(self, why: str) -> None:
         """NeedsHeads (a ValueError) saying what to set when a setting on needs the reward model's bootstrap heads

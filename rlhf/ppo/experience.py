@@ -89,6 +89,23 @@ def policy_generation_config(tokenizer, sampling: Sampling, ends: EndTokens) -> 
     )
 
 
+def save_policy(actor, tokenizer, generation_config: GenerationConfig, out_dir) -> None:
+    """Write a trained actor to `out_dir` with the tokenizer and `generation_config` (PPO's sampling alone): a LoRA
+    (peft) actor as its adapters alone, any other as the whole model."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if hasattr(actor, "peft_config"):
+        actor.save_pretrained(out_dir, safe_serialization=True)
+        generation_config.save_pretrained(out_dir)
+    else:
+        shipped = actor.generation_config
+        actor.generation_config = generation_config
+        try:
+            actor.save_pretrained(out_dir, safe_serialization=True)
+        finally:
+            actor.generation_config = shipped
+    tokenizer.save_pretrained(out_dir)
+
+
 def generate_responses(
     actor, prompt_ids: Tensor, prompt_mask: Tensor, sampling: Sampling, ends: EndTokens
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -41,6 +41,7 @@ from rlhf.ppo.experience import (
     policy_generation_config,
     response_log_probs,
     response_values,
+    save_policy,
     sequence_answer_mask,
 )
 from rlhf.reward.conservative import conservative_scores, drift_exceeded, head_spread
@@ -91,29 +92,52 @@ class PPOTrainer:
         self.tokenizer = tokenizer
         self.ends = end_tokens(actor, tokenizer)  # the tokenizer's EOS and the model's configured ones
         # one Sampling (config.sampling) for the rollouts and for every log-prob (actor, old, reference)
-        lora = config.use_lora
-        actor_optimizer = self._optimizer(actor, config.lora_lr if lora else config.actor_lr)
-        critic_optimizer = self._optimizer(critic, config.lora_lr if lora else config.critic_lr)
         # Dropout would make the first update's ratio differ from 1 and break reuse of the first forward.
         actor.eval()
         critic.eval()
-        self.actor, self.critic, self.actor_optimizer, self.critic_optimizer = self.accelerator.prepare(
-            actor, ValueHeadCall(critic), actor_optimizer, critic_optimizer)
         device = self.accelerator.device
         self.reference = None if reference is None else reference.to(device).eval().requires_grad_(False)
         self.reward_model = None if reward_model is None else reward_model.to(device).eval().requires_grad_(False)
+        self.gathered_actor = None  # FSDP2: the plain copy that generates and is saved (rlhf.ppo.fsdp2)
+        if config.engine == "fsdp2":
+            self._shard(actor, critic)
+        else:
+            lora = config.use_lora
+            actor_optimizer = self._optimizer(actor, config.lora_lr if lora else config.actor_lr)
+            critic_optimizer = self._optimizer(critic, config.lora_lr if lora else config.critic_lr)
+            self.actor, self.critic, self.actor_optimizer, self.critic_optimizer = self.accelerator.prepare(
+                actor, ValueHeadCall(critic), actor_optimizer, critic_optimizer)
         self.reward_heads = None if reward_heads is None else reward_heads.float().to(device)  # (H, D)
         self.kl_controller = (AdaptiveKLController(config.kl_ctl, config.kl_target, config.kl_horizon)
                               if config.adaptive_kl else FixedKLController(config.kl_ctl))
         self.reward_moments = RunningMoments()
 
-    def _optimizer(self, model, lr: float) -> torch.optim.Optimizer:
+    def _optimizer(self, model, lr: float, fused: bool = True) -> torch.optim.Optimizer:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError(f"{type(model).__name__} has no trainable parameters")
         # fused: one kernel per tensor instead of six elementwise passes (CPU and CUDA both have it)
         return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=self.config.weight_decay,
-                                 fused=True)
+                                 fused=fused)
+
+    def _shard(self, actor, critic) -> None:
+        """ppo.engine = "fsdp2": the four models sharded over every process (rlhf.ppo.fsdp2), optimisers on the
+        shards (not fused: they are DTensors), and the plain copy of the actor that generates and is saved."""
+        from rlhf.ppo.fsdp2 import device_mesh, shard, shard_actor_and_critic
+
+        self.actor, critic, self.gathered_actor = shard_actor_and_critic(actor, critic, self.accelerator.device)
+        mesh = device_mesh(self.accelerator.device)
+        self.reference, self.reward_model = (None if frozen is None else shard(frozen, mesh)
+                                             for frozen in (self.reference, self.reward_model))
+        self.critic = ValueHeadCall(critic)
+        self.actor_optimizer = self._optimizer(self.actor, self.config.actor_lr, fused=False)
+        self.critic_optimizer = self._optimizer(critic, self.config.critic_lr, fused=False)
+
+    def generation_actor(self):
+        """The actor to decode with: the unwrapped one, or under FSDP2 its plain copy refreshed from the shards."""
+        if self.gathered_actor is not None:
+            return self.gathered_actor.refreshed_from(self.actor)
+        return self.unwrapped_actor()
 
     # ----- the models, unwrapped for passes without gradients -----
 
@@ -255,7 +279,7 @@ class PPOTrainer:
         # LoRA on CPU generates in fp32 (15.4 s against 8.4 s).
         recast_every_step = self.config.use_lora and self.accelerator.device.type == "cpu"
         with torch.no_grad(), contextlib.nullcontext() if recast_every_step else self.accelerator.autocast():
-            return generate_responses(self.unwrapped_actor(), batch["input_ids"], batch["attention_mask"],
+            return generate_responses(self.generation_actor(), batch["input_ids"], batch["attention_mask"],
                                       self.config.sampling, self.ends)
 
     def evaluate(self, sequences: Tensor, attention_mask: Tensor, action_mask: Tensor, ended: Tensor,
@@ -385,21 +409,10 @@ class PPOTrainer:
         any other the whole model."""
         out_dir = Path(out_dir)
         self.accelerator.wait_for_everyone()
-        refuse_non_finite("the trained actor", named_tensors=self.unwrapped_actor().named_parameters())  # every process
+        actor = self.generation_actor()  # under FSDP2 the whole weights, gathered by every process
+        refuse_non_finite("the trained actor", named_tensors=actor.named_parameters())  # every process
         if self.accelerator.is_main_process:
-            actor = self.unwrapped_actor()
-            out_dir.mkdir(parents=True, exist_ok=True)
-            generation_config = policy_generation_config(self.tokenizer, self.config.sampling, self.ends)
-            if hasattr(actor, "peft_config"):
-                actor.save_pretrained(out_dir, safe_serialization=True)
-                generation_config.save_pretrained(out_dir)
-            else:
-                shipped = actor.generation_config
-                actor.generation_config = generation_config
-                try:
-                    actor.save_pretrained(out_dir, safe_serialization=True)
-                finally:
-                    actor.generation_config = shipped
-            self.tokenizer.save_pretrained(out_dir)
+            save_policy(actor, self.tokenizer, policy_generation_config(self.tokenizer, self.config.sampling, self.ends),
+                        out_dir)
         self.accelerator.wait_for_everyone()
         return out_dir
