@@ -113,7 +113,8 @@ def train_ppo(args, config: LoopConfig) -> int:
     except StageInputError as error:
         return _fail("--train-ppo", str(error))
     ppo = ppo_settings(config, args.reward_model)
-    if ppo is not config.ppo and is_main_process():
+    adapted = (ppo.normalize_rewards, ppo.lam) != (config.ppo.normalize_rewards, config.ppo.lam)
+    if adapted and is_main_process():
         print("Head reward model: scores normalised, GAE lambda 1 (round.adapt_ppo_to_head).", file=sys.stderr)
     try:
         result = train_ppo_with_card(config, args.reward_model, prompts, ppo, _out_dir(args, "ppo"), args.reference)

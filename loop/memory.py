@@ -130,7 +130,8 @@ def refuse_unfit_round(config: LoopConfig, actor_path: str) -> None:
         plan = plan_round_memory(config, model=actor_path, local_only=True)
     except (OSError, ValueError, ModelNotFoundError):
         return
-    engine = "fsdp2" if config.ppo.engine == "fsdp2" else "lora" if config.ppo.use_lora else "ddp"
+    engine = config.ppo.engine if config.ppo.engine == "fsdp2" else "lora" if config.ppo.use_lora else \
+        auto_engine(config, actor_path) if config.ppo.engine == "auto" else "ddp"
     chosen = plan.plans[engine]
     if chosen.fits(plan.memory.bytes):
         return
@@ -145,3 +146,19 @@ def refuse_unfit_round(config: LoopConfig, actor_path: str) -> None:
         f"PPO would need about {chosen.peak / GB:.1f} GB per process ({engine}, batch {plan.settings.batch_size}) "
         f"and {plan.memory.label} leaves {0.9 * plan.memory.bytes / GB:.1f} GB after headroom: "
         f"{' or '.join(advice)}. `python app.py --plan` shows every engine's figures.")
+
+
+def auto_engine(config: LoopConfig, model: str | None = None) -> str:
+    """ppo.engine "auto" made concrete: "fsdp2" when several processes run, PPO trains in full and does not fit under
+    DDP while it does under FSDP2 (the plan of `model`, default app.model, from its local config); "ddp" otherwise,
+    at once on one process or when the config is not on this machine."""
+    from rlhf.models import ModelNotFoundError
+
+    if config.ppo.use_lora or process_count() == 1:
+        return "ddp"
+    try:
+        plan = plan_round_memory(config, model=model, local_only=True)
+    except (OSError, ValueError, ModelNotFoundError):
+        return "ddp"
+    memory = plan.memory.bytes
+    return "fsdp2" if not plan.plans["ddp"].fits(memory) and plan.plans["fsdp2"].fits(memory) else "ddp"

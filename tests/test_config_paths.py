@@ -8,6 +8,8 @@ for them: the child command is run in this process, as `python app.py` would run
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import sys
 from pathlib import Path
@@ -413,7 +415,7 @@ def test_train_ppo_keeps_plain_ppo_when_the_round_would_not_adapt_it(ws, monkeyp
     route_train_ppo(monkeypatch, ws, got)
     base = ["--train-ppo", "--prompts", ws.prompts, "--out", ws.out, "--db", ws.db]
     assert app.main([*base, "--reward-model", head, "--set", "round.adapt_ppo_to_head=false"]) == 0
-    plain = load_config(None, []).ppo
+    plain = replace(load_config(None, []).ppo, engine="ddp")  # "auto" made concrete: one process runs DDP
     assert got["ppo"] == plain and (got["ppo"].normalize_rewards, got["ppo"].lam) == (False, 0.95)
     assert app.main([*base, "--reward-model", ws.reward_dir]) == 0  # a reward model of --train-reward: no strategy
     assert got["ppo"] == plain

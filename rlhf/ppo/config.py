@@ -25,7 +25,7 @@ class NeedsHeads(ValueError):
     set."""
 
 
-ENGINES = ("ddp", "fsdp2")
+ENGINES = ("auto", "ddp", "fsdp2")
 """PPOConfig.engine's values."""
 HEADS_SETTINGS = ("reward_spread_penalty", "drift_budget")
 """PPOConfig's settings that read the reward model's bootstrap heads (rlhf.reward.conservative)."""
@@ -122,11 +122,13 @@ class PPOConfig:
     mixed_precision: str = "auto"
     """auto: bf16 autocast where the hardware has bf16 arithmetic (CUDA, CPUs with AVX512-BF16 or AMX), else fp32
     (`accelerate launch`'s setting wins); "bf16" forces autocast; "no" is fp32 throughout. Weights stay fp32."""
-    engine: str = "ddp"
-    """How actor and critic are split over the processes of `torchrun` / `accelerate launch`: "ddp" (each holds both
-    whole; gradients averaged) or "fsdp2" (torch's fully_shard per decoder layer: weights, gradients and optimiser state
-    split, a whole copy of the actor gathered once per rollout for generation and saving; reference and reward model
-    replicated; not with LoRA). `python app.py --plan` gives both engines' memory (rlhf.ppo.fsdp2)."""
+    engine: str = "auto"
+    """How the four models are split over the processes of `torchrun` / `accelerate launch`: "ddp" (each holds them
+    whole; gradients averaged), "fsdp2" (torch's fully_shard per decoder layer: weights, the trained models' gradients
+    and optimiser state split, a whole copy of the actor refreshed once per rollout for generation and saving; not with
+    LoRA; rlhf.ppo.fsdp2), or "auto": the memory plan's choice for a round or --train-ppo (loop.memory.auto_engine):
+    fsdp2 on several processes when full DDP does not fit and FSDP2 does, ddp otherwise (and always on one process).
+    `python app.py --plan` gives every engine's memory."""
 
     def __post_init__(self):
         check_ranges(self)
@@ -137,7 +139,7 @@ class PPOConfig:
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, not {self.mixed_precision!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
-        if self.engine == "fsdp2" and self.use_lora:
+        if self.engine == "fsdp2" and self.use_lora:  # "auto" never picks it for LoRA
             raise ValueError("engine fsdp2 with use_lora is not built: LoRA trains a few MB, so run it with engine "
                              "ddp (python app.py --plan says whether it fits)")
 
