@@ -98,6 +98,7 @@ def train_ppo(args, config: LoopConfig) -> int:
     """`--train-ppo --reward-model DIR [--prompts FILE] [--out DIR] [--reference DIR]`: PPO alone, with [ppo] as the
     round would run it on that reward model (loop.config.ppo_settings)."""
     from loop.config import ppo_settings
+    from loop.memory import with_engine
     from loop.stages import StageInputError, ppo_prompts, train_ppo_with_card
     from rlhf.models import ModelNotFoundError
     from rlhf.ppo.config import NeedsHeads
@@ -112,7 +113,7 @@ def train_ppo(args, config: LoopConfig) -> int:
         prompts = ppo_prompts(args.prompts, config.app.db)
     except StageInputError as error:
         return _fail("--train-ppo", str(error))
-    ppo = ppo_settings(config, args.reward_model)
+    ppo = with_engine(ppo_settings(config, args.reward_model), config)
     adapted = (ppo.normalize_rewards, ppo.lam) != (config.ppo.normalize_rewards, config.ppo.lam)
     if adapted and is_main_process():
         print("Head reward model: scores normalised, GAE lambda 1 (round.adapt_ppo_to_head).", file=sys.stderr)

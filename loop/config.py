@@ -224,7 +224,7 @@ def ppo_settings(config: LoopConfig, reward_model_path: str, round_id: int | Non
     """config.ppo, with normalised rewards and GAE lambda 1 when round.adapt_ppo_to_head asks for them and the reward
     model is a head or ensemble (RoundConfig.adapt_ppo_to_head says why); in round `round_id`, seeded with
     round.seed + round_id like the round's other stages, so that rounds do not repeat one another's draws
-    (`--train-ppo` passes no round and keeps [ppo].seed); engine "auto" made concrete (loop.memory.auto_engine)."""
+    (`--train-ppo` passes no round and keeps [ppo].seed)."""
     from rlhf.reward.strategies import saved_strategy  # torch: only when a round or --train-ppo runs
 
     settings = config.ppo
@@ -232,10 +232,6 @@ def ppo_settings(config: LoopConfig, reward_model_path: str, round_id: int | Non
         settings = replace(settings, normalize_rewards=True, lam=1.0)
     if round_id is not None:
         settings = replace(settings, seed=config.round.seed + round_id)
-    if settings.engine == "auto":
-        from loop.memory import auto_engine
-
-        settings = replace(settings, engine=auto_engine(config))
     return settings
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from dataclasses import replace
 
 from loop.checks import RoundRefused
 from loop.config import LoopConfig
@@ -162,3 +163,8 @@ def auto_engine(config: LoopConfig, model: str | None = None) -> str:
         return "ddp"
     memory = plan.memory.bytes
     return "fsdp2" if not plan.plans["ddp"].fits(memory) and plan.plans["fsdp2"].fits(memory) else "ddp"
+
+
+def with_engine(settings, config: LoopConfig, model: str | None = None):
+    """PPO `settings` (a PPOConfig) with engine "auto" made concrete by `auto_engine`; any other engine as it is."""
+    return replace(settings, engine=auto_engine(config, model)) if settings.engine == "auto" else settings

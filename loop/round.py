@@ -28,6 +28,7 @@ from annotate.promotion import decide_for
 from annotate.store import Store
 from loop.checks import RoundRefused, check_accuracy
 from loop.config import LoopConfig, function_ppo_settings, ppo_settings, strategy_settings
+from loop.memory import with_engine
 from loop.round_lock import RoundLock
 from loop.round_plan import Log, RoundPlan, feature_cache_dir, plan_round
 from rlhf.distributed import broadcast_from_main, is_main_process, wait_for_everyone
@@ -229,7 +230,7 @@ def _ppo_stage(run: RoundRun, reward_path: str, reward_function: RewardFunction 
 
     plan, config, record, log = run.plan, run.config, run.record, run.log
     record({ROUND_STAGE: "ppo"})
-    ppo_config = ppo_settings(config, reward_path, plan.round_id)
+    ppo_config = with_engine(ppo_settings(config, reward_path, plan.round_id), config, plan.actor_path)
     adapted = " (head reward model: scores normalised, GAE lambda 1)" if ppo_config.lam != config.ppo.lam or \
         ppo_config.normalize_rewards != config.ppo.normalize_rewards else ""
     if reward_function is not None:
@@ -283,7 +284,8 @@ def _ceiling_stage(run: RoundRun, reward_path: str, reward_function: RewardFunct
 
     plan, config, record, log = run.plan, run.config, run.record, run.log
     record({ROUND_STAGE: "ceiling"})
-    ppo_config = function_ppo_settings(ppo_settings(config, reward_path, plan.round_id))
+    ppo_config = function_ppo_settings(with_engine(ppo_settings(config, reward_path, plan.round_id), config,
+                                                   plan.actor_path))
     log(f"Round {plan.round_id}: the ceiling: PPO again from policy {plan.actor_policy_id} on the same prompts, "
         "rewarded by the annotator's own score.")
     staging = Path(plan.out_dir) / ".ceiling-staging"

@@ -403,7 +403,7 @@ def test_train_ppo_on_a_head_reward_model_runs_the_rounds_ppo_settings(ws, monke
     argv = ["--train-ppo", "--reward-model", head, "--prompts", ws.prompts, "--out", ws.out, "--db", ws.db, *settings]
     assert app.main(argv) == 0, capsys.readouterr().err
     config = load_config(settings[1] if way == "config" else None, settings[1::2] if way == "set" else [])
-    assert got["ppo"] == ppo_settings(config, head)
+    assert got["ppo"] == replace(ppo_settings(config, head), engine="ddp")  # "auto" on one process: DDP
     assert (got["ppo"].normalize_rewards, got["ppo"].lam, got["ppo"].kl_ctl) == (True, 1.0, 0.07)
     assert got["reward_model"] == head and got["prompts"] == [f"Question {i}?" for i in range(6)]
     assert "Head reward model: scores normalised" in capsys.readouterr().err

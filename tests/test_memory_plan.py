@@ -164,16 +164,16 @@ def test_a_round_that_would_not_fit_is_refused_before_it_starts(tmp_path, tiny_m
 
 def test_the_auto_engine_shards_only_several_processes_whose_ddp_plan_does_not_fit(tiny_model_dir, monkeypatch):
     import loop.memory
-    from loop.config import ppo_settings
     from loop.config_files import load_config
+    from loop.memory import with_engine
 
     config = load_config(None, [f"app.model={tiny_model_dir}"], default_file=None)
-    assert config.ppo.engine == "auto" and ppo_settings(config, "no-folder").engine == "ddp"  # one process
+    assert config.ppo.engine == "auto" and with_engine(config.ppo, config).engine == "ddp"  # one process
     monkeypatch.setattr(loop.memory, "process_count", lambda: 8)
     assert loop.memory.auto_engine(config) == "ddp"  # the tiny model fits under DDP
     plan = loop.memory.plan_round_memory(config, gpus=8)
     between = (plan.plans["fsdp2"].peak + plan.plans["ddp"].peak) / 2 / 0.9  # FSDP2 fits, DDP does not
     monkeypatch.setattr(loop.memory, "device_memory", lambda gb=None: loop.memory.DeviceMemory(int(between), "t", True))
-    assert ppo_settings(config, "no-folder").engine == "fsdp2"
+    assert with_engine(config.ppo, config).engine == "fsdp2"
     lora = load_config(None, [f"app.model={tiny_model_dir}", "ppo.use_lora=true"], default_file=None)
-    assert ppo_settings(lora, "no-folder").engine == "ddp"  # LoRA is never sharded
+    assert with_engine(lora.ppo, lora).engine == "ddp"  # LoRA is never sharded

@@ -535,7 +535,7 @@ def test_the_fsdp2_engine_refuses_lora_an_unknown_engine_and_a_lone_process(tiny
 
     with pytest.raises(ValueError, match="engine fsdp2 with use_lora is not built"):
         PPOConfig(engine="fsdp2", use_lora=True)
-    with pytest.raises(ValueError, match="engine must be one of ddp, fsdp2, not 'zero3'"):
+    with pytest.raises(ValueError, match="engine must be one of auto, ddp, fsdp2, not 'zero3'"):
         PPOConfig(engine="zero3")
     reward = RewardModel.from_causal_lm(tiny_model_dir).save_pretrained(tmp_path / "rm",
                                                                          tokenizer=load_tokenizer(tiny_model_dir))

@@ -95,18 +95,19 @@ class PPOTrainer:
         # Dropout would make the first update's ratio differ from 1 and break reuse of the first forward.
         actor.eval()
         critic.eval()
-        device = self.accelerator.device
-        self.reference = None if reference is None else reference.to(device).eval().requires_grad_(False)
-        self.reward_model = None if reward_model is None else reward_model.to(device).eval().requires_grad_(False)
         self.gathered_actor = None  # FSDP2: the plain copy that generates and is saved (rlhf.ppo.fsdp2)
-        if config.engine == "fsdp2":
-            self._shard(actor, critic)
-        else:
+        if config.engine != "fsdp2":
             lora = config.use_lora
             actor_optimizer = self._optimizer(actor, config.lora_lr if lora else config.actor_lr)
             critic_optimizer = self._optimizer(critic, config.lora_lr if lora else config.critic_lr)
             self.actor, self.critic, self.actor_optimizer, self.critic_optimizer = self.accelerator.prepare(
                 actor, ValueHeadCall(critic), actor_optimizer, critic_optimizer)
+        # frozen after the optimisers took the trained weights: a caller may pass one model as actor and reference
+        device = self.accelerator.device
+        self.reference = None if reference is None else reference.to(device).eval().requires_grad_(False)
+        self.reward_model = None if reward_model is None else reward_model.to(device).eval().requires_grad_(False)
+        if config.engine == "fsdp2":
+            self._shard(actor, critic)
         self.reward_heads = None if reward_heads is None else reward_heads.float().to(device)  # (H, D)
         self.kl_controller = (AdaptiveKLController(config.kl_ctl, config.kl_target, config.kl_horizon)
                               if config.adaptive_kl else FixedKLController(config.kl_ctl))
