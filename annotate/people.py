@@ -180,3 +180,11 @@ def gold_proposals(votes: list[Vote], careful: set[str], gold_ids: set[int], min
     proposals = [GoldProposal(pair_id, next(iter(set(by.values()))), len(by)) for pair_id, by in sides.items()
                  if len(by) >= min_voters and len(set(by.values())) == 1]
     return sorted(proposals, key=lambda p: (-p.voters, p.pair_id))
+
+
+def store_gold_proposals(store, persons: list[Person] | None = None) -> list[GoldProposal]:
+    """gold_proposals over a store's votes now: careful means not excluded and not flagged in the people table
+    (`persons`, when the caller has it already)."""
+    votes = store.votes()
+    persons = persons if persons is not None else people(votes, store.agreement(), store.gold_results())
+    return gold_proposals(votes, careful_names(persons, set(store.excluded_annotators())), set(store.gold_pair_ids()))

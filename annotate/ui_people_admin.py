@@ -14,7 +14,7 @@ import gradio as gr
 
 import pandas as pd
 
-from annotate.people import careful_names, gold_proposals, people
+from annotate.people import store_gold_proposals
 from annotate.records import Pair
 from annotate.store import Store
 from annotate.ui_session import PRIVATE_EVENT, AppConfig, Session, clean_name, escape
@@ -95,27 +95,19 @@ class PeopleAdmin:
         self.store.set_gold(pair_id, gold)
         return self._gold_status(pair_id, prompt, gold, pair)
 
-    def _proposals(self):
-        """The pairs careful annotators agree on (annotate.people.gold_proposals), from the votes in now."""
-        store = self.store
-        votes = store.votes()
-        careful = careful_names(people(votes, store.agreement(), store.gold_results()),
-                                set(store.excluded_annotators()))
-        return gold_proposals(votes, careful, set(store.gold_pair_ids()))
-
     def proposals_frame(self, session: Session | None, request: gr.Request | None = None) -> pd.DataFrame:
         """The proposed gold pairs, one row each (none for a non-admin)."""
         if self.refusal(session, request):
             return pd.DataFrame(columns=PROPOSAL_COLUMNS)
         rows = [[p.pair_id, " ".join(self.store.prompt(self.store.pair(p.pair_id).prompt_id).text.split())[:80],
-                 p.side, p.voters] for p in self._proposals()]
+                 p.side, p.voters] for p in store_gold_proposals(self.store)]
         return pd.DataFrame(rows, columns=PROPOSAL_COLUMNS)
 
     def accept_proposals(self, session: Session | None, request: gr.Request | None = None) -> str:
         """Mark every proposed pair gold on the side its careful voters agree on; the status line."""
         if refused := self.refusal(session, request):
             return refused
-        proposals = self._proposals()
+        proposals = store_gold_proposals(self.store)
         for proposal in proposals:
             self.store.set_gold(proposal.pair_id, proposal.side)
         if not proposals:

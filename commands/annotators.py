@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from annotate.people import PEOPLE_COLUMNS, careful_names, gold_proposals, people, people_rows
+from annotate.people import PEOPLE_COLUMNS, people, people_rows, store_gold_proposals
 from commands.data import existing_store
 from loop.config import LoopConfig
 
@@ -22,10 +22,9 @@ def annotators(args, config: LoopConfig) -> int:
     """Every annotator who voted: votes, left picks with their interval and binomial p, agreement, median seconds,
     Dawid-Skene accuracy; and who is excluded. Exit 2 without a database."""
     with existing_store(config.app.db) as store:
-        votes = store.votes()
-        persons = people(votes, store.agreement(), store.gold_results())
+        persons = people(store.votes(), store.agreement(), store.gold_results())
         excluded = {a.name: a.excluded_at for a in store.annotators() if a.excluded_at is not None}
-        proposals = gold_proposals(votes, careful_names(persons, set(excluded)), set(store.gold_pair_ids()))
+        proposals = store_gold_proposals(store, persons)
     if not persons:
         print("No votes yet.")
         return 0

@@ -4,8 +4,7 @@ prints, and what a round checks before it loads anything."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from loop.checks import RoundRefused
 from loop.config import LoopConfig
@@ -131,8 +130,9 @@ def refuse_unfit_round(config: LoopConfig, actor_path: str) -> None:
         plan = plan_round_memory(config, model=actor_path, local_only=True)
     except (OSError, ValueError, ModelNotFoundError):
         return
-    engine = config.ppo.engine if config.ppo.engine == "fsdp2" else "lora" if config.ppo.use_lora else \
-        auto_engine(config, actor_path) if config.ppo.engine == "auto" else "ddp"
+    from rlhf.memory_plan import HEADROOM
+
+    engine = run_engine(plan, config.ppo)
     chosen = plan.plans[engine]
     if chosen.fits(plan.memory.bytes):
         return
@@ -145,7 +145,7 @@ def refuse_unfit_round(config: LoopConfig, actor_path: str) -> None:
         advice.append("set ppo.engine = fsdp2 (FSDP2 fits)")
     raise RoundRefused(
         f"PPO would need about {chosen.peak / GB:.1f} GB per process ({engine}, batch {plan.settings.batch_size}) "
-        f"and {plan.memory.label} leaves {0.9 * plan.memory.bytes / GB:.1f} GB after headroom: "
+        f"and {plan.memory.label} leaves {HEADROOM * plan.memory.bytes / GB:.1f} GB after headroom: "
         f"{' or '.join(advice)}. `python app.py --plan` shows every engine's figures.")
 
 
@@ -161,8 +161,19 @@ def auto_engine(config: LoopConfig, model: str | None = None) -> str:
         plan = plan_round_memory(config, model=model, local_only=True)
     except (OSError, ValueError, ModelNotFoundError):
         return "ddp"
+    return run_engine(plan, replace(config.ppo, engine="auto"))
+
+
+def run_engine(plan: RoundMemoryPlan, ppo) -> str:
+    """The plan's engine that PPO settings `ppo` run under: fsdp2 when set, lora when LoRA, fsdp2 when "auto" on
+    several processes finds full DDP too large and FSDP2 not, ddp otherwise."""
+    if ppo.engine == "fsdp2":
+        return "fsdp2"
+    if ppo.use_lora:
+        return "lora"
     memory = plan.memory.bytes
-    return "fsdp2" if not plan.plans["ddp"].fits(memory) and plan.plans["fsdp2"].fits(memory) else "ddp"
+    unfit = not plan.plans["ddp"].fits(memory) and plan.plans["fsdp2"].fits(memory)
+    return "fsdp2" if ppo.engine == "auto" and plan.settings.gpus > 1 and unfit else "ddp"
 
 
 def with_engine(settings, config: LoopConfig, model: str | None = None):

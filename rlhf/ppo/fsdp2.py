@@ -50,12 +50,14 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
-def shard_actor_and_critic(actor: nn.Module, critic: nn.Module, device: torch.device):
-    """(sharded actor, sharded critic, a GatheredCopy of the actor taken first), all on `device`."""
+def shard_models(actor: nn.Module, critic: nn.Module, frozen: tuple, device: torch.device):
+    """(sharded actor, sharded critic, the `frozen` models sharded (None stays None), a GatheredCopy of the actor taken
+    before sharding), all on `device`, over one mesh."""
     mesh = device_mesh(device)  # refused first without a launcher's processes
     actor, critic = actor.to(device), critic.to(device)
     gathered = GatheredCopy(actor)
-    return shard(actor, mesh), shard(critic, mesh), gathered
+    return (shard(actor, mesh), shard(critic, mesh), tuple(None if m is None else shard(m, mesh) for m in frozen),
+            gathered)
 
 
 class GatheredCopy:

@@ -124,12 +124,10 @@ class PPOTrainer:
     def _shard(self, actor, critic) -> None:
         """ppo.engine = "fsdp2": the four models sharded over every process (rlhf.ppo.fsdp2), optimisers on the
         shards (not fused: they are DTensors), and the plain copy of the actor that generates and is saved."""
-        from rlhf.ppo.fsdp2 import device_mesh, shard, shard_actor_and_critic
+        from rlhf.ppo.fsdp2 import shard_models
 
-        self.actor, critic, self.gathered_actor = shard_actor_and_critic(actor, critic, self.accelerator.device)
-        mesh = device_mesh(self.accelerator.device)
-        self.reference, self.reward_model = (None if frozen is None else shard(frozen, mesh)
-                                             for frozen in (self.reference, self.reward_model))
+        self.actor, critic, (self.reference, self.reward_model), self.gathered_actor = shard_models(
+            actor, critic, (self.reference, self.reward_model), self.accelerator.device)
         self.critic = ValueHeadCall(critic)
         self.actor_optimizer = self._optimizer(self.actor, self.config.actor_lr, fused=False)
         self.critic_optimizer = self._optimizer(critic, self.config.critic_lr, fused=False)

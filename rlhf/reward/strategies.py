@@ -226,6 +226,15 @@ def fit_feature_heads(train_chosen: torch.Tensor, train_rejected: torch.Tensor, 
     return weight, heads, metrics
 
 
+def vote_terms(strengths: torch.Tensor, pairs: Sequence[PairLike],
+               config: StrategyConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(margins, weights), (N,) each, of the votes `pairs` in the Bradley-Terry loss: their strengths as votes.graded
+    says (rlhf.losses.graded_terms), the weights times votes.weighting's per pair (1 each by majority)."""
+    margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
+                                    config.votes.much_weight)  # (N,) each
+    return margins, weights * pair_weights(pairs).to(weights.dtype)
+
+
 def fit_tuned_heads(reward_model: RewardModel, extractor: FeatureExtractor, train: Sequence[PairLike],
                     strengths: torch.Tensor, config: StrategyConfig, lam: float) -> torch.Tensor:
     """(H, D) bootstrap heads on the fine-tuned `reward_model`'s own pooled features of the votes `train` (what it
@@ -234,9 +243,7 @@ def fit_tuned_heads(reward_model: RewardModel, extractor: FeatureExtractor, trai
     feature = f"{reward_model.pooling}@-1"  # its last layer's output: what its v_head reads
     prompts, chosen, rejected = _texts(train)
     diffs = own.features(prompts, chosen, feature) - own.features(prompts, rejected, feature)  # (N, D)
-    margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
-                                    config.votes.much_weight)  # (N,) each
-    weights = weights * pair_weights(train).to(weights.dtype)
+    margins, weights = vote_terms(strengths, train, config)
     return bt_head.fit_bootstrap_heads(diffs, lam, config.votes.n_heads, seed=config.seed, weights=weights,
                                        margins=margins)  # (H, D)
 
@@ -248,9 +255,7 @@ def finetune_under_head(extractor: FeatureExtractor, feature: str, weight: torch
     votes.finetune_layers decoder layers fine-tuned on the votes `pairs` (strengths (N,) entering as votes.graded
     says) with votes.finetune_lr and votes.finetune_epochs (rlhf.reward.lpft.finetune_top_layers)."""
     probe = TrainedPreferenceModel("head", extractor, feature, weight, weight[None, :]).as_reward_model()
-    margins, weights = graded_terms(strengths, config.votes.graded, config.votes.much_margin,
-                                    config.votes.much_weight)  # (N,) each
-    weights = weights * pair_weights(pairs).to(weights.dtype)  # votes.weighting's (1 each by majority)
+    margins, weights = vote_terms(strengths, pairs, config)
     return finetune_top_layers(probe, extractor.tokenizer, pairs, margins, weights,
                                FinetuneSettings.from_config(config), on_epoch=on_epoch)
 
@@ -280,9 +285,7 @@ def continue_finetuning(warm_start: str, extractor: FeatureExtractor, train: Seq
     warm = RewardModel.from_pretrained(warm_start)
     if not batch.new:  # nothing new to learn from: the last round's model as it is
         return warm.float().eval().requires_grad_(False), {**counts, "rm/finetune_pairs": 0}
-    margins, weights = graded_terms(strengths[batch.positions], config.votes.graded, config.votes.much_margin,
-                                    config.votes.much_weight)  # (n,) each
-    weights = weights * pair_weights([train[i] for i in batch.positions]).to(weights.dtype)
+    margins, weights = vote_terms(strengths[batch.positions], [train[i] for i in batch.positions], config)
     settings = replace(FinetuneSettings.from_config(config), epochs=config.votes.incremental_epochs)
     tuned = finetune_top_layers(warm, extractor.tokenizer, [train[i] for i in batch.positions], margins, weights,
                                 settings, on_epoch=on_epoch)
@@ -306,15 +309,14 @@ def score_heads(path: str | Path) -> tuple[torch.Tensor | None, str]:
     strategy = saved_strategy(path)
     if strategy is None:
         return None, "no head strategy trained it (it holds no preference_strategy.json)"
-    heads_file = TUNED_HEADS_FILE if strategy == "lpft" else HEADS_FILE
-    if strategy == "full" or not (Path(path) / heads_file).is_file() and strategy == "lpft":
+    heads_file = Path(path) / (TUNED_HEADS_FILE if strategy == "lpft" else HEADS_FILE)
+    if strategy in FINETUNED and not (strategy == "lpft" and heads_file.is_file()):
+        hint = " (an lpft round fits heads on its own features when [ppo] reads them)" if strategy == "lpft" else ""
         return None, (f'its strategy "{strategy}" fine-tuned the decoder, and its bootstrap heads score the frozen '
-                      "base model's features, not those it scores with"
-                      + (" (an lpft round fits heads on its own features when [ppo] reads them)"
-                         if strategy == "lpft" else ""))
-    if not (Path(path) / heads_file).is_file():
-        return None, f"it holds no {heads_file}"
-    heads = load_file(str(Path(path) / heads_file))["heads"].float()  # (H, D)
+                      f"base model's features, not those it scores with{hint}")
+    if not heads_file.is_file():
+        return None, f"it holds no {heads_file.name}"
+    heads = load_file(str(heads_file))["heads"].float()  # (H, D)
     if heads.shape[0] < 2:
         return None, f"it holds {heads.shape[0]} head (votes.n_heads was 0 or 1)"
     return heads, ""
