@@ -49,7 +49,7 @@ def main() -> int:
                 row = plan.to_json()
                 row["model"] = name
                 rows.append(row)
-    print("| model | GPUs of 80 GB | DDP (full) | LoRA | FSDP2 (full) | FSDP2 + LoRA (not built) | recommended |")
+    print("| model | GPUs of 80 GB | DDP (full) | LoRA | FSDP2 (full) | FSDP2 + LoRA | recommended |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         cells = [f"{e['gb_per_gpu']:.1f} GB{'' if e['fits'] else ' (no)'}, batch {e['largest_batch_size']}"

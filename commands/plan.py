@@ -11,7 +11,7 @@ from loop.config import LoopConfig
 GB = 1024 ** 3
 NOTES = {"ddp": "every GPU holds the four models whole", "lora": "DDP with LoRA: each base held once",
          "fsdp2": "actor and critic sharded over the GPUs (ppo.engine = fsdp2)",
-         "fsdp2-lora": "LoRA sharded so; not built yet"}
+         "fsdp2-lora": "LoRA's adapters and bases sharded so (ppo.engine = fsdp2, ppo.use_lora)"}
 
 
 def plan_lines(plan) -> list[str]:

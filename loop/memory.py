@@ -39,7 +39,7 @@ class RoundMemoryPlan:
 
     def to_json(self) -> dict:
         engines = {name: {"gb_per_gpu": round(plan.peak / GB, 2), "fits": plan.fits(self.memory.bytes),
-                          "built": plan.built, "largest_batch_size": self.largest_batch[name],
+                          "largest_batch_size": self.largest_batch[name],
                           "parts_gb": {**{m.role: round(m.total / GB, 3) for m in plan.models},
                                        "generation": round(plan.generation / GB, 3),
                                        "training": round(plan.training / GB, 3)}}
@@ -141,7 +141,8 @@ def refuse_unfit_round(config: LoopConfig, actor_path: str) -> None:
               "shorten ppo.max_prompt_length or [ppo.sampling] max_new_tokens"]
     if engine == "ddp" and plan.plans["lora"].fits(plan.memory.bytes):
         advice.append("set ppo.use_lora = true (LoRA fits)")
-    if engine == "ddp" and plan.settings.gpus > 1 and plan.plans["fsdp2"].fits(plan.memory.bytes):
+    sharded = "fsdp2-lora" if config.ppo.use_lora else "fsdp2"
+    if engine in ("ddp", "lora") and plan.settings.gpus > 1 and plan.plans[sharded].fits(plan.memory.bytes):
         advice.append("set ppo.engine = fsdp2 (FSDP2 fits)")
     raise RoundRefused(
         f"PPO would need about {chosen.peak / GB:.1f} GB per process ({engine}, batch {plan.settings.batch_size}) "
@@ -150,30 +151,30 @@ def refuse_unfit_round(config: LoopConfig, actor_path: str) -> None:
 
 
 def auto_engine(config: LoopConfig, model: str | None = None) -> str:
-    """ppo.engine "auto" made concrete: "fsdp2" when several processes run, PPO trains in full and does not fit under
-    DDP while it does under FSDP2 (the plan of `model`, default app.model, from its local config); "ddp" otherwise,
-    at once on one process or when the config is not on this machine."""
+    """ppo.engine "auto" made concrete: "fsdp2" when several processes run and PPO (full or LoRA, as configured) does
+    not fit under DDP while it does under FSDP2 (the plan of `model`, default app.model, from its local config);
+    "ddp" otherwise, at once on one process or when the config is not on this machine."""
     from rlhf.models import ModelNotFoundError
 
-    if config.ppo.use_lora or process_count() == 1:
+    if process_count() == 1:
         return "ddp"
     try:
         plan = plan_round_memory(config, model=model, local_only=True)
     except (OSError, ValueError, ModelNotFoundError):
         return "ddp"
-    return run_engine(plan, replace(config.ppo, engine="auto"))
+    return "fsdp2" if run_engine(plan, replace(config.ppo, engine="auto")).startswith("fsdp2") else "ddp"
 
 
 def run_engine(plan: RoundMemoryPlan, ppo) -> str:
-    """The plan's engine that PPO settings `ppo` run under: fsdp2 when set, lora when LoRA, fsdp2 when "auto" on
-    several processes finds full DDP too large and FSDP2 not, ddp otherwise."""
-    if ppo.engine == "fsdp2":
-        return "fsdp2"
-    if ppo.use_lora:
-        return "lora"
+    """The plan's engine that PPO settings `ppo` run under: its DDP engine ("ddp", or "lora" with ppo.use_lora) or its
+    FSDP2 one ("fsdp2", "fsdp2-lora"): FSDP2 when set, or when "auto" on several processes finds DDP too large and
+    FSDP2 not."""
+    whole, sharded = ("lora", "fsdp2-lora") if ppo.use_lora else ("ddp", "fsdp2")
+    if ppo.engine != "auto":
+        return sharded if ppo.engine == "fsdp2" else whole
     memory = plan.memory.bytes
-    unfit = not plan.plans["ddp"].fits(memory) and plan.plans["fsdp2"].fits(memory)
-    return "fsdp2" if ppo.engine == "auto" and plan.settings.gpus > 1 and unfit else "ddp"
+    unfit = not plan.plans[whole].fits(memory) and plan.plans[sharded].fits(memory)
+    return sharded if plan.settings.gpus > 1 and unfit else whole
 
 
 def with_engine(settings, config: LoopConfig, model: str | None = None):

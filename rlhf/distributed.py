@@ -107,3 +107,4 @@ def broadcast_from_main(value):
     box = [value]
     broadcast_object_list(box, from_process=0)
     return box[0]
+

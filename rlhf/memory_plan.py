@@ -19,7 +19,7 @@ Pure arithmetic on ModelShape (rlhf.model_shape) and the PPO settings; bytes thr
 - FSDP2 (ppo.engine = "fsdp2", rlhf/ppo/fsdp2.py) shards the trained models' weights, gradients and optimiser state
   over the GPUs, the frozen models' weights too, and gathers two layers at a time for every forward and backward pass;
   a plain copy of the actor, whole on every GPU, generates and is saved (refreshed from the shards once per rollout);
-- "fsdp2-lora" (not built) is LoRA's two models sharded so, with the same copy.
+- "fsdp2-lora" (ppo.engine = "fsdp2" with ppo.use_lora) is LoRA's two models sharded so, with the same copy.
 
 Checked against measured peaks on CPU (bench/memory_plan.py, docs/multi-gpu.md).
 """
@@ -31,8 +31,7 @@ from dataclasses import dataclass, field, replace
 from rlhf.model_shape import ModelShape
 
 ENGINES = ("ddp", "lora", "fsdp2", "fsdp2-lora")
-BUILT_ENGINES = ("ddp", "lora", "fsdp2")
-"""Engines PPO runs under today; fsdp2-lora's figures say what it would take."""
+"""The plan's engines: ppo.engine ddp or fsdp2, each with full fine-tuning or LoRA (ppo.use_lora)."""
 HEADROOM = 0.9
 """A plan fits when it needs at most this share of the memory: the allocator's fragmentation and the CUDA context
 take the rest."""
@@ -98,10 +97,6 @@ class EnginePlan:
     def peak(self) -> int:
         return self.resident + max(self.generation, self.training)
 
-    @property
-    def built(self) -> bool:
-        return self.engine in BUILT_ENGINES
-
     def fits(self, memory: int) -> bool:
         return self.peak <= HEADROOM * memory
 
@@ -147,8 +142,9 @@ def model_memories(shape: ModelShape, settings: PlanSettings, engine: str) -> tu
     if not lora:
         memories += [ModelMemory("reference", shape.parameters, weights=4 * shape.parameters // shards),
                      ModelMemory("reward", reward_params, weights=4 * reward_params // shards)]
-    if is_sharded(engine):  # FSDP2's plain copy of the actor, for generation and saving
-        memories.append(ModelMemory("actor copy", shape.parameters, weights=4 * shape.parameters))
+    if is_sharded(engine):  # FSDP2's plain copy of the actor (a LoRA one with its adapters), to generate and save
+        copied = shape.parameters + (trained_parameters(shape, settings, shape.layers, lora, actor=True) if lora else 0)
+        memories.append(ModelMemory("actor copy", copied, weights=4 * copied))
     return tuple(memories)
 
 
@@ -208,21 +204,30 @@ def largest_batch(shape: ModelShape, settings: PlanSettings, engine: str, memory
 def recommend(plans: dict[str, EnginePlan], largest: dict[str, int], memory: int,
               use_lora: bool) -> tuple[str | None, str]:
     """(the engine to run or None, why): the configured kind (full or LoRA) under DDP when it fits, else LoRA, else
-    FSDP2 on several GPUs, else the built engine that fits the largest batch, saying which ppo.batch_size; else what
-    fsdp2-lora (not built) would fit."""
-    batch = plans["ddp"].settings.batch_size
+    on several GPUs FSDP2 (full unless LoRA is configured), else FSDP2 with LoRA, else the engine that fits the
+    largest batch, saying which ppo.batch_size and what else to set."""
+    batch, several = plans["ddp"].settings.batch_size, plans["ddp"].settings.gpus > 1
     wanted = "lora" if use_lora else "ddp"
     if plans[wanted].fits(memory):
         return wanted, f"{wanted} fits at the configured batch"
     if plans["lora"].fits(memory):
         return "lora", "full fine-tuning does not fit: set ppo.use_lora = true"
-    if plans["fsdp2"].fits(memory) and plans["fsdp2"].settings.gpus > 1:
+    if several and not use_lora and plans["fsdp2"].fits(memory):
         return "fsdp2", "DDP does not fit and LoRA neither: set ppo.engine = fsdp2"
-    best = max(BUILT_ENGINES, key=lambda name: largest[name])
+    if several and plans["fsdp2-lora"].fits(memory):
+        return "fsdp2-lora", "DDP does not fit, with LoRA or without" + (
+            "" if use_lora else ", nor full FSDP2") + ": set ppo.engine = fsdp2" + (
+            "" if use_lora else " and ppo.use_lora = true")
+    best = max(ENGINES, key=lambda name: largest[name])
     if largest[best]:
-        return best, f"batch {batch} does not fit: set ppo.batch_size = {largest[best]} or less" + (
-            " and ppo.engine = fsdp2" if best == "fsdp2" else "")
-    if largest["fsdp2-lora"]:
-        return None, (f"no engine PPO runs under fits; fsdp2-lora (not built yet) would, at ppo.batch_size = "
-                      f"{largest['fsdp2-lora']} or less")
+        return best, f"batch {batch} does not fit: set ppo.batch_size = {largest[best]} or less" + "".join(
+            f" and {setting}" for setting in engine_settings(best, use_lora))
     return None, "no engine fits: shorter prompts or answers, or more memory per GPU"
+
+
+def engine_settings(engine: str, use_lora: bool) -> list[str]:
+    """What to set, beyond the defaults, for PPO to run under the plan's `engine` when ppo.use_lora is `use_lora`."""
+    settings = ["ppo.engine = fsdp2"] if engine.startswith("fsdp2") else []
+    if engine.endswith("lora") and not use_lora:
+        settings.append("ppo.use_lora = true")
+    return settings

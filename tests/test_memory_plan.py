@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -56,7 +57,9 @@ def test_two_gpus_ddp_adds_buckets_and_fsdp2_shards():
     # two gathered layers of 4 x 200 bytes, the actor's gradients halved
     assert fsdp2.training == 20160 + 10560 + 7200 + 2000 + 1600
     assert fsdp2.generation == 1280 + 400
-    assert fsdp2.built and ddp.built and not plan_engine(SHAPE, two, "fsdp2-lora").built
+    # LoRA's two models halved, bases and adapters, with the adapters' optimiser state; the copy whole, adapters too
+    assert parts(plan_engine(SHAPE, two, "fsdp2-lora")) == {"actor": (2800, 0, 1600), "critic": (1632, 0, 832),
+                                                            "actor copy": (5600, 0, 0)}
 
 
 def test_bf16_halves_activations_and_adds_autocast_copies():
@@ -92,6 +95,12 @@ def test_recommend_prefers_the_configured_kind_then_lora_then_a_smaller_batch():
     assert two["fsdp2"].peak < only_fsdp2 * 0.9 < min(two["lora"].peak, two["ddp"].peak)
     assert recommend(two, largest, only_fsdp2, use_lora=False) == \
         ("fsdp2", "DDP does not fit and LoRA neither: set ppo.engine = fsdp2")
+    only_sharded_lora = (two["fsdp2-lora"].peak + min(two["lora"].peak, two["fsdp2"].peak)) / 2 / 0.9
+    assert two["fsdp2-lora"].peak < only_sharded_lora * 0.9 < min(two["lora"].peak, two["fsdp2"].peak)
+    assert recommend(two, largest, only_sharded_lora, use_lora=True) == \
+        ("fsdp2-lora", "DDP does not fit, with LoRA or without: set ppo.engine = fsdp2")
+    assert recommend(two, largest, only_sharded_lora, use_lora=False)[1].endswith(
+        "nor full FSDP2: set ppo.engine = fsdp2 and ppo.use_lora = true")
 
 
 def test_a_config_is_counted_on_the_meta_device_as_the_real_model():
@@ -129,8 +138,7 @@ def test_plan_reads_a_folder_holding_only_config_json(tmp_path, capsys):
     plan = json.loads(capsys.readouterr().out)
     assert plan["parameters"] == 8_030_261_248 and plan["gpus"] == 8  # Llama-3-8B
     assert not plan["engines"]["ddp"]["fits"] and plan["engines"]["lora"]["fits"]
-    assert plan["engines"]["fsdp2"]["fits"] and plan["engines"]["fsdp2"]["built"]
-    assert not plan["engines"]["fsdp2-lora"]["built"]
+    assert plan["engines"]["fsdp2"]["fits"] and plan["engines"]["fsdp2-lora"]["fits"]
     assert plan["recommended"] == "lora"
 
 
@@ -176,4 +184,11 @@ def test_the_auto_engine_shards_only_several_processes_whose_ddp_plan_does_not_f
     monkeypatch.setattr(loop.memory, "device_memory", lambda gb=None: loop.memory.DeviceMemory(int(between), "t", True))
     assert with_engine(config.ppo, config).engine == "fsdp2"
     lora = load_config(None, [f"app.model={tiny_model_dir}", "ppo.use_lora=true"], default_file=None)
-    assert with_engine(lora.ppo, lora).engine == "ddp"  # LoRA is never sharded
+    assert with_engine(lora.ppo, lora).engine == "ddp"  # LoRA fits under DDP where full PPO does not
+    # a plan where LoRA does not fit under DDP and does under FSDP2 (the tiny model's whole copy outweighs its shards)
+    fits = {"ddp": False, "lora": False, "fsdp2": False, "fsdp2-lora": True}
+    unfit_lora = replace(plan, plans={name: SimpleNamespace(fits=lambda memory, ok=ok: ok)
+                                      for name, ok in fits.items()})
+    monkeypatch.setattr(loop.memory, "plan_round_memory", lambda *args, **kwargs: unfit_lora)
+    assert with_engine(lora.ppo, lora).engine == "fsdp2"
+    assert loop.memory.run_engine(unfit_lora, replace(lora.ppo, engine="fsdp2")) == "fsdp2-lora"

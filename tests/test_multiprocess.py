@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -157,32 +158,83 @@ def _preference_file(path: Path, n_pairs: int) -> Path:
 # ----- the tests -----
 
 
-def test_reward_model_training_under_two_processes(tmp_path, tiny_model_dir):
+def _saved_weights(folder: Path) -> dict:
+    """Every safetensors file's tensors in `folder`, keyed file/name."""
+    from safetensors.torch import load_file
+
+    return {f"{file.name}/{key}": tensor for file in sorted(folder.glob("*.safetensors"))
+            for key, tensor in load_file(str(file)).items()}
+
+
+def _assert_same_weights(mine: dict, theirs: dict, start: dict | None = None) -> None:
+    """`mine` equals `theirs` to 1e-5 (fp32), and moved from `start` where given (it trained)."""
+    import torch
+
+    assert mine.keys() == theirs.keys()
+    assert [k for k in mine if not torch.allclose(mine[k], theirs[k], atol=1e-5)] == []
+    if start is not None:
+        assert any(not torch.equal(mine[k], start[k]) for k in mine if k in start)
+
+
+def _engine_runs(tmp_path: Path, argv: Callable[[Path], list[str]], section: str) -> dict[str, tuple]:
+    """`argv(folder)` on two processes under `{section}.engine` ddp and then fsdp2, in fp32 where the section has
+    a precision: {engine: (folder, reports, printed)}."""
+    runs = {}
+    for engine in ("ddp", "fsdp2"):
+        folder = tmp_path / engine
+        folder.mkdir()
+        settings = [f"{section}.engine={engine}"] + ([f"{section}.mixed_precision=no"] if section == "reward" else [])
+        runs[engine] = (folder, *_torchrun(folder, [*argv(folder), *[a for s in settings for a in ("--set", s)]]))
+    return runs
+
+
+def test_reward_model_training_under_two_processes_ddp_and_fsdp2(tmp_path, tiny_model_dir):
+    """DDP: replicas in step, rank 0 alone writes. FSDP2 (reward.engine = fsdp2): each rank trains its own half, and
+    the saved model and its training metrics equal DDP's on the same batches (1e-5, fp32)."""
     data = _preference_file(tmp_path / "prefs.jsonl", 24)
-    reports, printed = _torchrun(tmp_path, [
-        "--train-reward", "--data", str(data), "--model", str(tiny_model_dir), "--out", str(tmp_path / "rm"),
-        "--rm-batch-size", "4", "--rm-max-length", "64", "--rm-heldout-fraction", "0.25", "--rm-lr", "1e-3"])
-    _assert_replicas_trained_in_step(reports, n_trained=1)
-    _assert_only_rank_zero_wrote(reports)
-    assert printed.count("Training the reward model on 24") == printed.count("Reward model saved to") == 1
-    assert (tmp_path / "rm" / "config.json").is_file()
+    runs = _engine_runs(tmp_path, lambda folder: [
+        "--train-reward", "--data", str(data), "--model", str(tiny_model_dir), "--out", str(folder / "rm"),
+        "--rm-batch-size", "4", "--rm-max-length", "64", "--rm-heldout-fraction", "0.25", "--rm-lr", "1e-3"],
+        "reward")
+    (ddp_folder, ddp, printed), (fsdp2_folder, fsdp2, fsdp2_printed) = runs["ddp"], runs["fsdp2"]
+    _assert_replicas_trained_in_step(ddp, n_trained=1)
+    _assert_only_rank_zero_wrote(ddp)
+    _assert_only_rank_zero_wrote(fsdp2)
+    for text in (printed, fsdp2_printed):
+        assert text.count("Training the reward model on 24") == text.count("Reward model saved to") == 1
+    assert fsdp2[0]["trained"][0]["after"] != fsdp2[1]["trained"][0]["after"]  # shards, not replicas
+    _assert_same_weights(_saved_weights(fsdp2_folder / "rm"), _saved_weights(ddp_folder / "rm"))  # DDP's trained
+    metrics = {engine: json.loads((folder / "rm" / "reward_model.json").read_text())["info"]["training"]["metrics"]
+               for engine, (folder, _, _) in runs.items()}
+    for key in ("rm/loss", "rm/accuracy", "rm/heldout_loss", "rm/heldout_accuracy", "rm/steps"):
+        assert metrics["fsdp2"][key] == pytest.approx(metrics["ddp"][key], abs=1e-5), key
 
 
-def test_sft_under_two_processes_records_one_policy(tmp_path, tiny_model_dir):
+def test_sft_under_two_processes_ddp_and_fsdp2_records_one_policy(tmp_path, tiny_model_dir):
+    """DDP: replicas in step; under either engine one policy recorded, rank 0 alone saves, and FSDP2's saved model (a
+    plain causal LM folder) equals DDP's to 1e-5."""
     from annotate.store import Store
 
     demos = tmp_path / "demos.jsonl"
     demos.write_text("".join(json.dumps({"prompt": p, "response": f"The number is {i}."}) + "\n"
                              for i, p in enumerate(PROMPTS[:8])), encoding="utf-8")
-    db = tmp_path / "loop.db"
-    Store(db).close()  # an existing database, as after the app's first start
-    reports, printed = _torchrun(tmp_path, ["--sft", str(demos), "--model", str(tiny_model_dir), "--db", str(db),
-                                           "--out", str(tmp_path / "sft"), "--sft-batch-size", "4"])
-    _assert_replicas_trained_in_step(reports, n_trained=1)
-    assert reports[1]["saved"] == []  # (rank 1 opens the store too, to read demonstrations when there is no file)
-    with Store(db) as store:
-        assert [(p.round, p.path) for p in store.policies()][1:] == [(0, str(tmp_path / "sft"))]
-    assert printed.count("SFT of ") == printed.count("SFT done") == 1
+
+    def argv(folder: Path) -> list[str]:
+        Store(folder / "loop.db").close()  # an existing database, as after the app's first start
+        return ["--sft", str(demos), "--model", str(tiny_model_dir), "--db", str(folder / "loop.db"),
+                "--out", str(folder / "sft"), "--sft-batch-size", "4"]
+
+    runs = _engine_runs(tmp_path, argv, "sft")
+    _assert_replicas_trained_in_step(runs["ddp"][1], n_trained=1)
+    for folder, reports, printed in runs.values():
+        assert reports[1]["saved"] == []  # (rank 1 opens the store too, to read demonstrations when there is no file)
+        with Store(folder / "loop.db") as store:
+            assert [(p.round, p.path) for p in store.policies()][1:] == [(0, str(folder / "sft"))]
+        assert printed.count("SFT of ") == printed.count("SFT done") == 1
+        config = json.loads((folder / "sft" / "config.json").read_text())
+        assert config["architectures"] == json.loads((tiny_model_dir / "config.json").read_text())["architectures"]
+    _assert_same_weights(_saved_weights(runs["fsdp2"][0] / "sft"), _saved_weights(runs["ddp"][0] / "sft"),
+                         _saved_weights(tiny_model_dir))
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
@@ -210,11 +262,12 @@ def test_ppo_under_two_processes(tmp_path, tiny_model_dir, lora):
     assert not (tmp_path / "none.db").exists()
 
 
-def test_an_fsdp2_ppo_step_equals_the_single_process_step(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_an_fsdp2_ppo_step_equals_the_single_process_step(tmp_path, tiny_model_dir, lora):
     """ppo.engine = fsdp2 on two processes that get the same prompt and sample alike: the gradients FSDP2 averages are
-    the one process's, so the saved actor and the step's losses equal a single process's step (1e-5, fp32)."""
+    the one process's, so the saved actor (LoRA: its adapters) and the step's losses equal a single process's step
+    (1e-5, fp32)."""
     import torch
-    from safetensors.torch import load_file
 
     from rlhf.models import load_tokenizer
     from rlhf.reward.model import RewardModel
@@ -234,7 +287,7 @@ def test_an_fsdp2_ppo_step_equals_the_single_process_step(tmp_path, tiny_model_d
             "--train-ppo", "--model", str(tiny_model_dir), "--reward-model", str(reward_dir), "--prompts",
             str(prompts), "--steps", "1", "--out", str(folder / "actor"), "--db", str(folder / "none.db"),
             *[arg for s in ("ppo.batch_size=1", "ppo.mini_batch_size=1", "ppo.mixed_precision=no",
-                            f"ppo.engine={engine}") for arg in ("--set", s)]],
+                            f"ppo.engine={engine}", f"ppo.use_lora={str(lora).lower()}") for arg in ("--set", s)]],
             processes=processes, env={"SAME_SEED_ON_EVERY_RANK": "1"})
         runs[name] = reports
     single, sharded = runs["single"][0], runs["fsdp2"]
@@ -243,12 +296,9 @@ def test_an_fsdp2_ppo_step_equals_the_single_process_step(tmp_path, tiny_model_d
     assert all(a["after"] != b["after"] for a, b in zip(sharded[0]["trained"], sharded[1]["trained"]))
     for key in ("ppo/policy_loss", "ppo/value_loss", "ppo/kl", "ppo/score", "ppo/response_len"):
         assert sharded[0]["history"][0][0][key] == pytest.approx(single["history"][0][0][key], abs=1e-5), key
-    mine, theirs = load_file(str(tmp_path / "fsdp2" / "actor" / "model.safetensors")), load_file(
-        str(tmp_path / "single" / "actor" / "model.safetensors"))
-    start = load_file(str(tiny_model_dir / "model.safetensors"))
-    assert mine.keys() == theirs.keys()
-    assert all(torch.allclose(mine[k], theirs[k], atol=1e-5) for k in mine)
-    assert any(not torch.equal(mine[k], start[k]) for k in mine if k in start)  # it trained
+    assert all(trained["after"] != trained["before"] for trained in single["trained"])  # the step moved them
+    assert (tmp_path / "fsdp2" / "actor" / "adapter_model.safetensors").is_file() == lora
+    _assert_same_weights(_saved_weights(tmp_path / "fsdp2" / "actor"), _saved_weights(tmp_path / "single" / "actor"))
 
 
 @pytest.mark.parametrize("engine", ["ddp", "fsdp2"])

@@ -161,3 +161,24 @@ def test_sft_command_without_demonstrations_or_with_a_bad_file_says_what_to_do(t
     bad = write_lines(tmp_path / "bad.jsonl", ['{"prompt": "Hi"}'])
     assert app.main(sft_argv(tmp_path / "loop.db", tiny_model_dir, sft=str(bad))) == 2
     assert 'bad.jsonl:1: "response" must be a non-empty string' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("trainer", ["sft", "reward"])
+def test_the_fsdp2_engine_refuses_an_unknown_engine_and_a_lone_process(trainer, tiny_model_dir, tmp_path):
+    """engine = fsdp2 of [sft] and [reward] shards over a launcher's processes (tests/test_multiprocess.py runs it);
+    a lone process is refused before any step, and a misspelt engine when the settings are made."""
+    from rlhf.reward.config import RewardTrainConfig
+    from rlhf.reward.data import PreferencePair
+    from rlhf.reward.train import train_reward_model
+    from rlhf.sft.config import SFTConfig
+
+    make = SFTConfig if trainer == "sft" else RewardTrainConfig
+    with pytest.raises(ValueError, match="engine must be one of ddp, fsdp2, not 'zero3'"):
+        make(engine="zero3")
+    with pytest.raises(ValueError, match="needs the processes a launcher starts"):
+        if trainer == "sft":
+            train_sft(tiny_model_dir, [("Hi?", "Hello.")], SFTConfig(engine="fsdp2"), tmp_path / "sft", show_bar=False)
+        else:
+            pairs = [PreferencePair(f"Say hi {i}.", f"Hello {i}.", f"Go away {i}.") for i in range(8)]
+            train_reward_model(pairs, RewardTrainConfig(model=str(tiny_model_dir), engine="fsdp2", min_pairs=2,
+                                                        show_progress=False, max_length=32))

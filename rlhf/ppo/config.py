@@ -125,9 +125,10 @@ class PPOConfig:
     engine: str = "auto"
     """How the four models are split over the processes of `torchrun` / `accelerate launch`: "ddp" (each holds them
     whole; gradients averaged), "fsdp2" (torch's fully_shard per decoder layer: weights, the trained models' gradients
-    and optimiser state split, a whole copy of the actor refreshed once per rollout for generation and saving; not with
+    and optimiser state split, a whole copy of the actor refreshed once per rollout for generation and saving; full or
     LoRA; rlhf.ppo.fsdp2), or "auto": the memory plan's choice for a round or --train-ppo (loop.memory.auto_engine):
-    fsdp2 on several processes when full DDP does not fit and FSDP2 does, ddp otherwise (and always on one process).
+    fsdp2 on several processes when DDP (full or LoRA, as configured) does not fit and FSDP2 does, ddp otherwise (and
+    always on one process).
     `python app.py --plan` gives every engine's memory."""
 
     def __post_init__(self):
@@ -139,9 +140,6 @@ class PPOConfig:
             raise ValueError(f"mixed_precision must be auto, no, bf16 or fp16, not {self.mixed_precision!r}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
-        if self.engine == "fsdp2" and self.use_lora:  # "auto" never picks it for LoRA
-            raise ValueError("engine fsdp2 with use_lora is not built: LoRA trains a few MB, so run it with engine "
-                             "ddp (python app.py --plan says whether it fits)")
 
     def refuse_without_heads(self, why: str) -> None:
         """NeedsHeads (a ValueError) saying what to set when a setting on needs the reward model's bootstrap heads

@@ -97,9 +97,7 @@ class PPOTrainer:
         critic.eval()
         self.gathered_actor = None  # FSDP2: the plain copy that generates and is saved (rlhf.ppo.fsdp2)
         if config.engine != "fsdp2":
-            lora = config.use_lora
-            actor_optimizer = self._optimizer(actor, config.lora_lr if lora else config.actor_lr)
-            critic_optimizer = self._optimizer(critic, config.lora_lr if lora else config.critic_lr)
+            actor_optimizer, critic_optimizer = self._optimizer(actor, "actor"), self._optimizer(critic, "critic")
             self.actor, self.critic, self.actor_optimizer, self.critic_optimizer = self.accelerator.prepare(
                 actor, ValueHeadCall(critic), actor_optimizer, critic_optimizer)
         # frozen after the optimisers took the trained weights: a caller may pass one model as actor and reference
@@ -113,7 +111,10 @@ class PPOTrainer:
                               if config.adaptive_kl else FixedKLController(config.kl_ctl))
         self.reward_moments = RunningMoments()
 
-    def _optimizer(self, model, lr: float, fused: bool = True) -> torch.optim.Optimizer:
+    def _optimizer(self, model, role: str, fused: bool = True) -> torch.optim.Optimizer:
+        """AdamW over `model`'s trainable weights at the learning rate of its `role` ("actor", "critic"; LoRA's
+        adapters: lora_lr)."""
+        lr = self.config.lora_lr if self.config.use_lora else getattr(self.config, f"{role}_lr")
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError(f"{type(model).__name__} has no trainable parameters")
@@ -129,8 +130,8 @@ class PPOTrainer:
         self.actor, critic, (self.reference, self.reward_model), self.gathered_actor = shard_models(
             actor, critic, (self.reference, self.reward_model), self.accelerator.device)
         self.critic = ValueHeadCall(critic)
-        self.actor_optimizer = self._optimizer(self.actor, self.config.actor_lr, fused=False)
-        self.critic_optimizer = self._optimizer(critic, self.config.critic_lr, fused=False)
+        self.actor_optimizer = self._optimizer(self.actor, "actor", fused=False)
+        self.critic_optimizer = self._optimizer(critic, "critic", fused=False)
 
     def generation_actor(self):
         """The actor to decode with: the unwrapped one, or under FSDP2 its plain copy refreshed from the shards."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rlhf.fsdp2 import TRAINING_ENGINES
 from rlhf.settings_range import (LEARNING_RATE, POSITIVE_COUNT, SEED, SHARE, above, at_least, between, check_ranges,
                                   ranged)
 
@@ -71,14 +72,21 @@ class RewardTrainConfig:
     """Train the value head only, on the frozen decoder's features."""
     share_prompt: bool = True
     """Run each pair's prompt once for both answers (a KV cache feeds both): the same loss and gradients from
-    ~20% fewer tokens, so more pairs a second (docs/benchmarks.md, "What makes the difference")."""
+    ~20% fewer tokens, so more pairs a second (docs/benchmarks.md, "What makes the difference"). Off under
+    gradient checkpointing and engine "fsdp2", which both need one pass per layer."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute (turns share_prompt off)."""
+    engine: Literal["ddp", "fsdp2"] = "ddp"
+    """How the processes of torchrun / accelerate launch hold the model while it trains: "ddp" (each whole: accelerate,
+    or what `accelerate launch` was configured with) or "fsdp2" (torch's fully_shard per decoder layer: weights,
+    gradients and optimiser state split, the whole weights gathered once at the end; rlhf.fsdp2)."""
     show_progress: bool = True
     """Show a tqdm bar on the terminal (main process only)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.engine not in TRAINING_ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(TRAINING_ENGINES)}, not {self.engine!r}")
         if self.loss_form not in ("divergence", "last_token"):
             raise ValueError(f"loss_form must be 'divergence' or 'last_token', got {self.loss_form!r}.")
 

@@ -1,7 +1,9 @@
 """Training the reward model on preference pairs, and the `--train-reward` command.
 
 One `accelerate.Accelerator` runs everything, so the same loop works on CPU (fp32), one GPU (bf16 mixed
-precision) and under `accelerate launch` / `torchrun` (data parallel; only the main process saves).
+precision) and under `accelerate launch` / `torchrun` (data parallel; only the main process saves). With
+`engine = "fsdp2"` the model is sharded by torch's FSDP2 instead (rlhf.fsdp2) and accelerate keeps the loaders, the
+optimiser, the autocast and the reductions.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tqdm.auto import tqdm
 
 from rlhf.distributed import make_accelerator
 from rlhf.finite import refuse_non_finite
+from rlhf.fsdp2 import gathered_state_dict, place_for_engine, prepare_for_engine
 from rlhf.losses import PairSide, pairwise_loss
 from rlhf.reward.config import RewardTrainConfig
 from rlhf.reward.model import RewardModel, load_reward_model, load_reward_tokenizer
@@ -113,7 +116,8 @@ def evaluate(model, loader, accelerator, config: RewardTrainConfig) -> dict[str,
     loss_sums = torch.zeros(2, device=accelerator.device)  # [loss x B, B] of this process
     chosen_all, rejected_all = [], []
     for batch in loader:
-        loss, chosen, rejected = batch_loss(model, batch, config)
+        with accelerator.autocast():  # (accelerate's DDP wrapper autocasts too; FSDP2's model is not wrapped)
+            loss, chosen, rejected = batch_loss(model, batch, config)
         n = chosen.shape[0]
         loss_sums += torch.stack([loss.detach().float() * n, loss.new_tensor(float(n), dtype=torch.float32)])
         # gather_for_metrics drops the pairs repeated to give every process equal batches
@@ -140,7 +144,7 @@ class PreparedRun:
     accelerator: Any
     """The one accelerate.Accelerator everything went through."""
     model: Any
-    """The RewardModel as accelerate prepared it (wrapped under DDP)."""
+    """The RewardModel as accelerate prepared it (wrapped under DDP), or sharded by FSDP2 (engine "fsdp2")."""
     tokenizer: Any
     """The tokenizer saved with the model."""
     optimizer: Any
@@ -178,8 +182,11 @@ def load_starting_model(config: RewardTrainConfig) -> tuple[RewardModel, Any]:
 def pair_loaders(tokenizer, train_pairs: Sequence[PairLike], heldout_groups: dict[str, list],
                  config: RewardTrainConfig) -> tuple[DataLoader, dict[str, DataLoader]]:
     """The shuffled loader of training pairs and one held-out loader per source with pairs, tokenised and
-    batched alike (each prompt once for both answers with share_prompt, which gradient checkpointing turns off)."""
-    share_prompt = config.share_prompt and not config.gradient_checkpointing  # checkpointing drops the cache
+    batched alike (each prompt once for both answers with share_prompt, which gradient checkpointing and FSDP2 turn
+    off)."""
+    # checkpointing drops the cache; FSDP2 frees a layer's gathered weights after its backward, which the prompt's
+    # pass through the same layer still needs ("setStorage ... out of bounds for storage of size 0")
+    share_prompt = config.share_prompt and not config.gradient_checkpointing and config.engine != "fsdp2"
     collate = PairCollator(tokenizer.pad_token_id, share_prompt=share_prompt)
     train_loader = DataLoader(
         tokenize_pairs(tokenizer, train_pairs, config.max_length), batch_size=config.batch_size, shuffle=True,
@@ -203,14 +210,14 @@ def prepare_run(train_pairs: Sequence[PairLike], heldout_groups: dict[str, list]
     set_seed(config.seed)
     model, tokenizer = load_starting_model(config)
     train_loader, heldout_loaders = pair_loaders(tokenizer, train_pairs, heldout_groups, config)
-    model.to(accelerator.device)
+    model = place_for_engine(model, config.engine, accelerator.device)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    # the fused kernel: one pass over the weights per step (on CPU about 10x faster than foreach, no big temporaries)
+    # the fused kernel: one pass over the weights per step (on CPU about 10x faster than foreach, no big temporaries);
+    # FSDP2's shards are DTensors, which it does not take
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay,
-                                  fused=accelerator.device.type in ("cpu", "cuda"))
-    model, optimizer, train_loader, *prepared = accelerator.prepare(
-        model, optimizer, train_loader, *heldout_loaders.values()
-    )
+                                  fused=accelerator.device.type in ("cpu", "cuda") and config.engine != "fsdp2")
+    model, optimizer, train_loader, *prepared = prepare_for_engine(
+        accelerator, config.engine, model, optimizer, train_loader, *heldout_loaders.values())
     # derived step counts, in one place: optimizer steps per epoch and over the run (per process)
     steps_per_epoch = math.ceil(len(train_loader) / config.grad_accum)
     total_steps = steps_per_epoch * config.epochs
@@ -240,7 +247,8 @@ def train_epoch(run: PreparedRun, epoch: int, metrics: dict[str, float], bar,
         # gradients of the passes before the last one of a window stay local (no all-reduce)
         sync = contextlib.nullcontext() if is_update else accelerator.no_sync(model)
         with sync:
-            loss, chosen, rejected = batch_loss(model, batch, config)
+            with accelerator.autocast():
+                loss, chosen, rejected = batch_loss(model, batch, config)
             accelerator.backward(loss / window_size)
         epoch_sums += pair_metrics(loss, chosen, rejected)
         run.pairs_seen += chosen.shape[0]
@@ -296,18 +304,33 @@ def run_totals(run: PreparedRun, n_train: int, n_heldout: int, heldout_groups: d
     }
 
 
+def unsharded_copy(run: PreparedRun, state_dict: dict[str, torch.Tensor]) -> RewardModel:
+    """A plain RewardModel holding `state_dict` (the sharded model's whole weights) and its info, on the training
+    device: what a run under FSDP2 returns, so that scoring afterwards needs no collective."""
+    model, _ = load_starting_model(run.config)
+    model.load_state_dict(state_dict)
+    model.info = run.model.info
+    return model.to(run.accelerator.device)
+
+
 def save_trained(run: PreparedRun, metrics: dict) -> tuple[RewardModel, Path | None]:
     """The trained model unwrapped, its settings and metrics recorded in its info, saved to config.out_dir by the
     main process (every process takes part in gathering the weights); (model, folder or None)."""
     config, accelerator = run.config, run.accelerator
-    unwrapped = accelerator.unwrap_model(run.model)
+    accelerator.wait_for_everyone()
+    state_dict = None
+    if config.engine == "fsdp2":  # the whole weights on every process, in a model the caller can score with alone
+        state_dict = gathered_state_dict(accelerator, config.engine, run.model)
+        unwrapped = unsharded_copy(run, state_dict)
+    else:
+        unwrapped = accelerator.unwrap_model(run.model)
     unwrapped.info["training"] = {"config": asdict(config), "metrics": metrics}
     refuse_non_finite("the reward model", metrics, unwrapped.named_parameters())  # on every process: none saves
     if config.out_dir is None:
         return unwrapped, None
     path = Path(config.out_dir)
-    accelerator.wait_for_everyone()
-    state_dict = accelerator.get_state_dict(run.model)  # every process takes part: ZeRO-3 / FSDP gather the shards
+    if state_dict is None:  # every process takes part: ZeRO-3 / FSDP under accelerate gather the shards
+        state_dict = gathered_state_dict(accelerator, config.engine, run.model)
     if accelerator.is_main_process:
         unwrapped.save_pretrained(path, tokenizer=run.tokenizer, state_dict=state_dict)
     accelerator.wait_for_everyone()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
+from rlhf.fsdp2 import TRAINING_ENGINES
 from rlhf.settings_range import LEARNING_RATE, POSITIVE_COUNT, SEED, SHARE, above, at_least, check_ranges, ranged
 
 
@@ -29,6 +31,11 @@ class SFTConfig:
     """Gradients are clipped to this global norm."""
     seed: int = ranged(0, SEED)
     """Seed of the shuffling and of any dropout."""
+    engine: Literal["ddp", "fsdp2"] = "ddp"
+    """How the processes of torchrun / accelerate launch hold the model: "ddp" (each whole: accelerate, or what
+    `accelerate launch` was configured with) or "fsdp2" (torch's fully_shard per decoder layer; rlhf.fsdp2)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.engine not in TRAINING_ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(TRAINING_ENGINES)}, not {self.engine!r}")

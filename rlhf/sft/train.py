@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from rlhf.distributed import make_accelerator
 from rlhf.finite import refuse_non_finite
+from rlhf.fsdp2 import gathered_state_dict, place_for_engine, prepare_for_engine
 from rlhf.folders import written_atomically
 from rlhf.generate import encode_prompt, pad_sequences
 from rlhf.sft.config import SFTConfig
@@ -160,6 +162,8 @@ class SFTRun:
     """Optimizer steps of the whole run."""
     truncated: int
     """Demonstrations cut to the maximum length."""
+    engine: str = "ddp"
+    """SFTConfig.engine: "fsdp2" when the model is sharded (rlhf.fsdp2), not prepared by accelerate."""
 
 
 def prepare_sft_run(model_path: str | os.PathLike, examples: list[tuple[str, str]], config: SFTConfig) -> SFTRun:
@@ -167,7 +171,6 @@ def prepare_sft_run(model_path: str | os.PathLike, examples: list[tuple[str, str
     than max_length), and build the loader, the optimizer and the schedule, all through accelerate."""
     from accelerate.utils import set_seed
 
-    from rlhf.distributed import make_accelerator
     from rlhf.models import context_length, load_causal_lm, load_tokenizer, tell_once
 
     accelerator = make_accelerator("auto", gradient_accumulation_steps=config.gradient_accumulation_steps)
@@ -189,6 +192,7 @@ def prepare_sft_run(model_path: str | os.PathLike, examples: list[tuple[str, str
         collate_fn=lambda items: collate_right_padded(items, tokenizer.pad_token_id),
         generator=torch.Generator().manual_seed(config.seed),
     )
+    model = place_for_engine(model, config.engine, accelerator.device)  # FSDP2: sharded, before the optimiser
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     steps_per_epoch = math.ceil(len(loader) / accelerator.num_processes / config.gradient_accumulation_steps)
     total_steps = max(1, steps_per_epoch * config.epochs)
@@ -196,9 +200,9 @@ def prepare_sft_run(model_path: str | os.PathLike, examples: list[tuple[str, str
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_warmup_decay(s, total_steps, warmup))
     # The scheduler stays unprepared and steps once per optimizer step: accelerate's wrapper would step it once
     # per process, for schedules counted in single-process steps.
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    model, optimizer, loader = prepare_for_engine(accelerator, config.engine, model, optimizer, loader)
     return SFTRun(accelerator=accelerator, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
-                  loader=loader, total_steps=total_steps, truncated=truncated)
+                  loader=loader, total_steps=total_steps, truncated=truncated, engine=config.engine)
 
 
 def train_sft_epochs(run: SFTRun, config: SFTConfig, on_progress: SFTProgress | None = None,
@@ -213,8 +217,9 @@ def train_sft_epochs(run: SFTRun, config: SFTConfig, on_progress: SFTProgress | 
     for _epoch in range(config.epochs):
         for batch in run.loader:
             with accelerator.accumulate(model):
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                loss = answer_token_loss(logits, batch["labels"])  # (B, L, V) logits -> scalar
+                with accelerator.autocast():  # (accelerate's DDP wrapper autocasts too; FSDP2's model is not wrapped)
+                    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                    loss = answer_token_loss(logits, batch["labels"])  # (B, L, V) logits -> scalar
                 accelerator.backward(loss)
                 window.append(accelerator.reduce(loss.detach(), reduction="mean").item())
                 if accelerator.sync_gradients:
@@ -236,12 +241,18 @@ def train_sft_epochs(run: SFTRun, config: SFTConfig, on_progress: SFTProgress | 
 def save_sft_model(run: SFTRun, out_dir: Path) -> None:
     """The trained model, its KV cache back on, and the tokenizer saved to `out_dir` by the main process (every
     process takes part in gathering the weights)."""
-    accelerator = run.accelerator
+    accelerator, engine = run.accelerator, run.engine
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(run.model)
     unwrapped.config.use_cache = True
-    refuse_non_finite("the SFT model", named_tensors=unwrapped.named_parameters())  # on every process: none saves
-    state_dict = accelerator.get_state_dict(run.model)
+    state_dict = gathered_state_dict(accelerator, engine, run.model)  # every process: ZeRO-3 / FSDP gather the shards
+    if engine == "fsdp2":  # save_pretrained drops a tied lm_head only when it is the embedding's own tensor
+        from rlhf.fsdp2 import tied_aliases
+
+        state_dict = {key: value for key, value in state_dict.items() if key not in tied_aliases(unwrapped)}
+    # on every process, so that none saves
+    refuse_non_finite("the SFT model", named_tensors=state_dict.items() if engine == "fsdp2" else
+                      unwrapped.named_parameters())
     if accelerator.is_main_process:
         save_model_atomically(unwrapped, run.tokenizer, out_dir, state_dict=state_dict)
     accelerator.wait_for_everyone()
