@@ -79,6 +79,9 @@ PPO_VALUE_LOSS = Metric("ppo/value_loss", "value loss", "{:.4f}")
 PPO_PREFIX = "ppo/"
 HISTORY = "history"
 """The round's per-step PPO metrics: a list of {PPO_STEP.name: n, "ppo/...": value}."""
+PEOPLE_MODEL_AGREEMENT = "people/model_agreement"
+"""Each annotator's agreement with a head fitted on everyone else's votes, measured by the round's reward stage
+(loop.model_agreement): {name: [votes the head agrees with, their a/b votes]}."""
 CEILING_PREFIX = "ceiling/"
 """The oracle ceiling's PPO means (a demo measurement): ceiling/kl... for ppo/kl..."""
 

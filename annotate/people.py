@@ -1,10 +1,13 @@
 """Who votes how: per annotator, their votes, agreement with the others on shared pairs, position bias and speed, each
-with its n. Pure functions over the store's rows; the Dashboard shows the table to admins.
+with its n. Pure functions over the store's rows (and `store_people` to read them); the Dashboard shows the table to
+admins.
 
 Position bias: of a person's a/b votes, the share that picked the answer shown on the left (the store records the side,
 `votes.a_on_left`), with an exact two-sided binomial test against a fair 50% (a careful person's left picks vary
 around half; one who always clicks the left button does not). Reliability: their accuracy by Dawid-Skene on the pairs
-with several a/b votes (annotate.reliability), with its Wilson interval and n.
+with several a/b votes (annotate.reliability), with its Wilson interval and n. Agreement with the reward model: the
+share of their a/b votes that a head fitted on everyone else's votes agrees with (rlhf.reward.annotator_agreement),
+as the last round that measured it recorded; on pairs one person voted on, the only check of their votes.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import statistics
 from dataclasses import dataclass
 
 from annotate.agreement import AgreementReport
+from annotate.metrics import PEOPLE_MODEL_AGREEMENT
 from annotate.records import Vote
 from annotate.reliability import AnnotatorReliability, dawid_skene, labels_from_votes
 from annotate.statistics import binomial_two_sided_p, wilson_interval
@@ -43,10 +47,19 @@ class Person:
     """Of their a/b votes on gold pairs (an admin marked the right answer), the ones that named it..."""
     gold_judged: int = 0
     """...of this many."""
+    model_agreeing: int = 0
+    """Of their a/b votes as the last round measured them, the ones a head fitted on everyone else's votes agrees
+    with..."""
+    model_judged: int = 0
+    """...of this many (0: not measured)."""
 
     @property
     def gold_accuracy(self) -> float | None:
         return self.gold_right / self.gold_judged if self.gold_judged else None
+
+    @property
+    def model_agreement(self) -> float | None:
+        return self.model_agreeing / self.model_judged if self.model_judged else None
 
     @property
     def left_share(self) -> float | None:
@@ -58,9 +71,10 @@ def picked_left(vote: Vote) -> bool:
     return (vote.choice == "a") == bool(vote.a_on_left)
 
 
-def people(votes: list[Vote], agreement: AgreementReport,
-           gold: dict[str, tuple[int, int]] | None = None) -> list[Person]:
-    """Every annotator who voted, most votes first; `gold`: Store.gold_results(), per name (right, judged)."""
+def people(votes: list[Vote], agreement: AgreementReport, gold: dict[str, tuple[int, int]] | None = None,
+           model_agreement: dict[str, tuple[int, int]] | None = None) -> list[Person]:
+    """Every annotator who voted, most votes first; `gold`: Store.gold_results(), per name (right, judged);
+    `model_agreement`: per name (agreeing, judged), as `recorded_model_agreement` reads it."""
     by_name: dict[str, list[Vote]] = {}
     for vote in votes:
         by_name.setdefault(vote.annotator, []).append(vote)
@@ -78,13 +92,28 @@ def people(votes: list[Vote], agreement: AgreementReport,
         items, agreeing = shared.get(name, (0, 0.0))
         rows.append(Person(name, len(own), len(ab), left, binomial_two_sided_p(left, len(ab)), items,
                            agreeing / items if items else None, statistics.median(seconds) if seconds else None,
-                           reliability.get(name), *(gold or {}).get(name, (0, 0))))
+                           reliability.get(name), *(gold or {}).get(name, (0, 0)),
+                           *(model_agreement or {}).get(name, (0, 0))))
     return sorted(rows, key=lambda person: (-person.votes, person.name))
+
+
+def recorded_model_agreement(rounds: list) -> dict[str, tuple[int, int]]:
+    """Per annotator (agreeing, judged) from the newest of `rounds` (Store.rounds()) that measured it; {} if none."""
+    for round_ in sorted(rounds, key=lambda r: r.id, reverse=True):
+        measured = round_.metrics.get(PEOPLE_MODEL_AGREEMENT)
+        if measured:
+            return {name: (int(agreeing), int(judged)) for name, (agreeing, judged) in measured.items()}
+    return {}
+
+
+def store_people(store) -> list[Person]:
+    """`people` over a store now: its votes, agreement, gold results and the last round's model agreement."""
+    return people(store.votes(), store.agreement(), store.gold_results(), recorded_model_agreement(store.rounds()))
 
 
 PEOPLE_COLUMNS = ["annotator", "votes", "a/b votes", "left picks (95% interval)", "p (left vs half)",
                   "agreement with others (n)", "median seconds", "Dawid-Skene accuracy (95%, n)",
-                  "gold accuracy (95%, n)", "looks careless"]
+                  "gold accuracy (95%, n)", "agreement with the reward model (95%, n)", "looks careless"]
 
 FLAG_SIDE_P = 0.001
 """A side bias is flagged below this two-sided binomial p (a careful person is flagged by chance once in 1,000)..."""
@@ -100,6 +129,10 @@ FLAG_ACCURACY_PAIRS = 20
 """...over at least this many pairs shared with other a/b votes."""
 FLAG_GOLD_VOTES = 10
 """A gold accuracy whose 95% interval stays below FLAG_ACCURACY_HIGH is flagged over at least this many gold votes."""
+FLAG_MODEL_AGREEMENT_HIGH = 0.5
+"""An agreement with the reward model whose 95% interval stays below this (votes that run against what everyone
+else's taught it) is flagged over at least FLAG_ACCURACY_PAIRS votes. Chance, not FLAG_ACCURACY_HIGH: a careful
+annotator agrees with a model right on 65% of pairs only 57.5% of the time (rlhf.reward.annotator_agreement)."""
 
 
 def careless_reason(person: Person) -> str:
@@ -124,6 +157,11 @@ def careless_reason(person: Person) -> str:
         if high < FLAG_ACCURACY_HIGH:
             reasons.append(f"right on {person.gold_accuracy:.0%} of {person.gold_judged} gold pairs (at most "
                            f"{high:.0%})")
+    if person.model_judged >= FLAG_ACCURACY_PAIRS:
+        low, high = wilson_interval(person.model_agreement, person.model_judged)
+        if high < FLAG_MODEL_AGREEMENT_HIGH:
+            reasons.append(f"votes against a reward model fitted on the others' votes ({person.model_agreement:.0%} "
+                           f"agreement, at most {high:.0%}, n={person.model_judged})")
     return "; ".join(reasons)
 
 
@@ -144,8 +182,11 @@ def people_rows(rows: list[Person]) -> list[list]:
         gold = "" if person.gold_accuracy is None else \
             f"{person.gold_accuracy:.0%} ({_interval_text(person.gold_accuracy, person.gold_judged)}, " \
             f"n={person.gold_judged})"
+        model = "" if person.model_agreement is None else \
+            f"{person.model_agreement:.0%} ({_interval_text(person.model_agreement, person.model_judged)}, " \
+            f"n={person.model_judged})"
         table.append([person.name, person.votes, person.ab_votes, left, f"{person.left_p:.3g}", agreement, seconds,
-                      accuracy, gold, careless_reason(person)])
+                      accuracy, gold, model, careless_reason(person)])
     return table
 
 
@@ -186,5 +227,5 @@ def store_gold_proposals(store, persons: list[Person] | None = None) -> list[Gol
     """gold_proposals over a store's votes now: careful means not excluded and not flagged in the people table
     (`persons`, when the caller has it already)."""
     votes = store.votes()
-    persons = persons if persons is not None else people(votes, store.agreement(), store.gold_results())
+    persons = persons if persons is not None else store_people(store)
     return gold_proposals(votes, careful_names(persons, set(store.excluded_annotators())), set(store.gold_pair_ids()))

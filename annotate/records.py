@@ -264,6 +264,17 @@ class Preference:
 
 
 @dataclass(frozen=True)
+class VoteTexts:
+    """An a/b vote as the texts it chose between: what the voter picked and what they did not."""
+
+    annotator: str
+    pair_id: int
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+@dataclass(frozen=True)
 class WinRate:
     """Human judgement of a policy against an earlier one, from `versus` pairs."""
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from annotate import dashboard_panels as panels
 from annotate.disk import disk_line, named_checkpoints
-from annotate.people import PEOPLE_COLUMNS, people, people_rows
+from annotate.people import PEOPLE_COLUMNS, people, people_rows, recorded_model_agreement
 from annotate.promotion import refresh_promotions
 from annotate.records import WinRate
 from annotate.plots import panels_html
@@ -28,7 +28,7 @@ from annotate.store.sql import now
 from annotate.ui_session import PRIVATE_EVENT, AppConfig, Session, signed_in_name
 
 AGREEMENT_COLUMNS = ["annotator 1", "annotator 2", "pairs", "agreement", "kappa"]
-PEOPLE_COLUMN_WIDTHS = ["11%", "6%", "6%", "11%", "7%", "10%", "7%", "11%", "11%", "20%"]
+PEOPLE_COLUMN_WIDTHS = ["10%", "5%", "5%", "10%", "6%", "9%", "6%", "10%", "10%", "10%", "19%"]
 """The people table's columns (annotate.people.PEOPLE_COLUMNS): wide enough that an empty one keeps its header
 readable, the widest for the reason someone looks careless."""
 PEOPLE_FOR_ADMINS = "The per-annotator table is shown to admins (sign in as one on the Annotate tab)."
@@ -96,11 +96,14 @@ class DashboardHandlers:
         name = signed_in_name(session, request, self.config)
         if name is None or not self.store.is_admin(name):
             return PEOPLE_FOR_ADMINS, pd.DataFrame(columns=PEOPLE_COLUMNS)
-        rows = people_rows(people(self.store.votes(), agreement, self.store.gold_results()))
+        rows = people_rows(people(self.store.votes(), agreement, self.store.gold_results(),
+                                  recorded_model_agreement(self.store.rounds())))
         note = "Left picks: a/b votes for the answer shown on the left; p: the chance of so many or so few at a fair " \
                "50%. Agreement: with the others who voted on the same pairs. Dawid-Skene: accuracy on pairs with two " \
-               "or more a/b votes. Gold: on pairs an admin marked (--gold). Looks careless: a reason to look, not a " \
-               "verdict; python app.py --exclude NAME leaves someone's votes out of the next rounds."
+               "or more a/b votes. Gold: on pairs an admin marked (--gold). Reward model: the share of their votes " \
+               "that a head fitted on everyone else's votes agrees with (a coin's: half), as of the last round. " \
+               "Looks careless: a reason to look, not a verdict; python app.py --exclude NAME leaves someone's votes " \
+               "out of the next rounds."
         return note, pd.DataFrame(rows, columns=PEOPLE_COLUMNS)
 
     def report(self, wanted, win_rates: list[WinRate] | None = None) -> tuple[dict, str]:

@@ -9,9 +9,12 @@ evidence `voter_accuracies` reads). At the same number of careful votes, the hea
 - careful_only: the careful members' votes alone;
 - majority: every vote, each pair counting once (votes.weighting = "majority");
 - weighted: every vote weighted by annotate.reliability.weighted_preferences (votes.weighting = "reliability").
-Flags (annotate.people.careless_reason) are read on each member's first 50 votes and gold votes: flagged (careless
-members flagged), missed (careless not flagged) and false_flags (careful members flagged), summed over the seeds.
-Prints a table and ends with one JSON line.
+Each member's agreement with a head fitted on the other members' votes (rlhf.reward.annotator_agreement, the
+people table's "agreement with the reward model") is measured on their first 50 votes: `model_agreement` holds its
+mean per kind of member (careful, random, left) over the runs. Flags (annotate.people.careless_reason) are read on
+each member's first 50 votes, gold votes and that agreement: flagged (careless members flagged), missed (careless
+not flagged) and false_flags (careful members flagged), summed over the seeds. Prints a table and ends with one JSON
+line.
 
     python bench/team_votes.py --annotators formal,concise --seeds 5 --careful-votes 150,300
 """
@@ -36,6 +39,7 @@ from annotate.simulate import resolve_judge
 from annotate.statistics import binomial_two_sided_p
 from bench.machine import describe_machine, machine_line
 from bench.reward_curve import CurveData, accuracy, load_features, pooled_answers, split
+from rlhf.reward.annotator_agreement import held_out_agreement
 from rlhf.reward.strategies import StrategyConfig, VotesConfig, fit_feature_heads
 
 CAREFUL = ("careful-1", "careful-2", "careful-3")
@@ -90,15 +94,32 @@ def fit_accuracy(data: CurveData, votes: list[tuple], weights: list[float] | Non
     return accuracy(data, f"head:{FEATURE}", weight, evaluation)
 
 
-def flags(votes: list[tuple], gold: dict) -> dict[str, str]:
-    """careless_reason of each member on their first FIRST_VOTES votes and their gold votes."""
+def model_agreement(data: CurveData, votes: list[tuple], seed: int) -> dict[str, tuple[int, int]]:
+    """Each member's (agreeing, judged) on their first FIRST_VOTES votes, the head fitted on every other member's votes
+    (the round's leave-one-annotator-out measure)."""
+    config = StrategyConfig(votes=VotesConfig(n_heads=0), seed=seed)
+
+    def fit(chosen, rejected):
+        return fit_feature_heads(chosen, rejected, "head", config)[0]
+
+    measured = {}
+    for member in (*CAREFUL, *CARELESS):
+        own = [v for v in votes if v[1] == member][:FIRST_VOTES]
+        rows = [v for v in votes if v[1] != member] + own
+        chosen, rejected = data.diffs(FEATURE, [v[0] for v in rows], [v[2] for v in rows])
+        measured[member] = held_out_agreement(chosen, rejected, [v[1] for v in rows], fit).get(member, (0, 0))
+    return measured
+
+
+def flags(votes: list[tuple], gold: dict, agreement: dict[str, tuple[int, int]]) -> dict[str, str]:
+    """careless_reason of each member on their first FIRST_VOTES votes, their gold votes and their `agreement`."""
     reasons = {}
     for member in (*CAREFUL, *CARELESS):
         own = [v for v in votes if v[1] == member][:FIRST_VOTES]
         left = sum(says_a == a_on_left for _, _, says_a, a_on_left in own)
         right, judged = gold[member]
         person = Person(member, len(own), len(own), left, binomial_two_sided_p(left, len(own)), 0, None, 10.0, None,
-                        right, judged)
+                        right, judged, *agreement[member])
         reasons[member] = careless_reason(person)
     return reasons
 
@@ -109,12 +130,17 @@ def run_seed(data: CurveData, seed: int, n_careful: int, args) -> dict:
     votes = team_votes(data, order, n_careful, args, rng)
     gold = gold_results(args, rng)
     careful = [v for v in votes if v[1] in CAREFUL]
-    reasons = flags(votes, gold)
+    agreement = model_agreement(data, votes, seed)
+    reasons = flags(votes, gold, agreement)
+    share = {m: agreement[m][0] / agreement[m][1] if agreement[m][1] else None for m in agreement}
     return {"careful_only": fit_accuracy(data, careful, None, evaluation, seed),
             "majority": fit_accuracy(data, votes, None, evaluation, seed),
             "weighted": fit_accuracy(data, votes, weights_of(votes, gold), evaluation, seed),
             "votes": len(votes), "flagged": sum(bool(reasons[m]) for m in CARELESS),
-            "missed": sum(not reasons[m] for m in CARELESS), "false_flags": sum(bool(reasons[m]) for m in CAREFUL)}
+            "missed": sum(not reasons[m] for m in CARELESS), "false_flags": sum(bool(reasons[m]) for m in CAREFUL),
+            "agreement": {"careful": [share[m] for m in CAREFUL if share[m] is not None],
+                          "random": [share["random"]] if share["random"] is not None else [],
+                          "left": [share["left"]] if share["left"] is not None else []}}
 
 
 def mean_and_se(values: list[float]) -> tuple[float, float]:
@@ -136,6 +162,7 @@ def main() -> int:
     rows = pooled_answers(4, 64, [0, 1])
     index, features = load_features(rows, args.model, "n4-t64-s0,1", features=(FEATURE,))
     result = {"careful_only": [], "majority": [], "weighted": [], "flagged": 0, "missed": 0, "false_flags": 0}
+    agreement = {"careful": [], "random": [], "left": []}
     for annotator in args.annotators.split(","):
         data = CurveData(rows, index, features, resolve_judge(annotator))
         for n in (int(v) for v in args.careful_votes.split(",")):
@@ -147,8 +174,13 @@ def main() -> int:
                 result[key].extend(r[key] for r in runs)
             for key in ("flagged", "missed", "false_flags"):
                 result[key] += sum(r[key] for r in runs)
+            for kind in agreement:
+                agreement[kind].extend(share for r in runs for share in r["agreement"][kind])
+            print("  agreement with a head fitted on the others' votes, first 50 votes: " + ", ".join(
+                f"{kind} {statistics.fmean(s for r in runs for s in r['agreement'][kind]):.1%}" for kind in agreement))
     summary = {key: statistics.fmean(result[key]) for key in ("careful_only", "majority", "weighted")}
     print(json.dumps({**summary, **{k: result[k] for k in ("flagged", "missed", "false_flags")},
+                      "model_agreement": {kind: statistics.fmean(shares) for kind, shares in agreement.items()},
                       "annotators": args.annotators, "seeds": args.seeds, "careful_votes": args.careful_votes,
                       "careless_share": args.careless_share, "gold": args.gold}))
     return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from annotate.people import PEOPLE_COLUMNS, people, people_rows, store_gold_proposals
+from annotate.people import PEOPLE_COLUMNS, people_rows, store_gold_proposals, store_people
 from commands.data import existing_store
 from loop.config import LoopConfig
 
@@ -22,7 +22,7 @@ def annotators(args, config: LoopConfig) -> int:
     """Every annotator who voted: votes, left picks with their interval and binomial p, agreement, median seconds,
     Dawid-Skene accuracy; and who is excluded. Exit 2 without a database."""
     with existing_store(config.app.db) as store:
-        persons = people(store.votes(), store.agreement(), store.gold_results())
+        persons = store_people(store)
         excluded = {a.name: a.excluded_at for a in store.annotators() if a.excluded_at is not None}
         proposals = store_gold_proposals(store, persons)
     if not persons:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from annotate.metrics import (ACTIVE_CANDIDATE_ANSWERS, ACTIVE_UNCERTAIN, HISTORY, PPO_PREFIX,
+from annotate.metrics import (ACTIVE_CANDIDATE_ANSWERS, ACTIVE_UNCERTAIN, HISTORY, PEOPLE_MODEL_AGREEMENT, PPO_PREFIX,
                               RM_INCREMENTAL, RM_LIVE_PREFIX, RM_N_NEW, RM_N_REPLAY, RM_PREFIX,
                               ROUND_ACTIVE_CANDIDATE_ANSWERS, ROUND_ACTIVE_SHARE,
                               ROUND_CEILING_POLICY_PATH, ROUND_NORMALIZE_REWARDS, ROUND_PAIRS_GENERATED,
@@ -29,6 +29,7 @@ from annotate.store import Store
 from loop.checks import RoundRefused, check_accuracy
 from loop.config import LoopConfig, function_ppo_settings, ppo_settings, strategy_settings
 from loop.memory import with_engine
+from loop.model_agreement import model_agreement
 from loop.round_lock import RoundLock
 from loop.round_plan import Log, RoundPlan, feature_cache_dir, plan_round
 from rlhf.distributed import broadcast_from_main, is_main_process, wait_for_everyone
@@ -217,6 +218,7 @@ def _reward_stage(run: RoundRun, base_model: str) -> str:
     if run.is_main:
         model.save(staging)
         replace_folder(staging, out_dir)
+        record({PEOPLE_MODEL_AGREEMENT: model_agreement(run.store.ab_vote_texts(), model, strategy_config)})
     wait_for_everyone()
     check_accuracy(model.metrics, plan, config, record, log)
     record({ROUND_REWARD_MODEL_PATH: str(out_dir)})

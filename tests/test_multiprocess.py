@@ -130,6 +130,19 @@ def _torchrun(tmp_path: Path, app_argv: list[str], timeout: int = 600, processes
     return reports, done.stdout + done.stderr
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
 def _assert_replicas_trained_in_step(reports: list[dict], n_trained: int) -> None:
     """Both ranks trained the same number of models, each moved from its start, to bit-identical weights."""
     first, second = reports
@@ -328,6 +341,49 @@ def test_a_round_under_two_processes_records_one_round_and_one_policy(tmp_path, 
     assert (saved["pooling"], saved["layer"]) == ("mean", 1)
     assert printed.count("training the reward model (") == printed.count("generating 6 pairs") == 1
 
+
+
+def test_a_killed_fsdp2_round_leaves_the_database_consistent_and_the_next_one_resumes(tmp_path, tiny_model_dir):
+    """Both processes of an FSDP2 round killed in the middle of PPO: the round is left running in the store, and the
+    next FSDP2 round marks it failed, reuses the reward model it had saved and records one policy."""
+    import signal
+    import time
+
+    from annotate.store import Store
+    from test_round import seed_votes, tiny_settings
+
+    db = tmp_path / "crash.db"
+    seed_votes(db, tiny_model_dir)
+
+    def argv(ppo_steps: int) -> list[str]:
+        settings = [*tiny_settings(tmp_path, ppo_steps=ppo_steps), "votes.feature=mean@1", "ppo.engine=fsdp2"]
+        return ["--train-round", "--db", str(db), "--model", str(tiny_model_dir),
+                *[arg for setting in settings for arg in ("--set", setting)]]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT),
+           "CUDA_VISIBLE_DEVICES": ""}
+    launched = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                                 "2", str(ROOT / "app.py"), *argv(400)], cwd=tmp_path, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    store = Store(db)
+    try:
+        deadline = time.time() + 300
+        while not ((running := store.running_round()) and running.metrics.get("history")):  # in PPO, RM saved
+            assert launched.poll() is None, "the round ended before it could be killed"
+            assert time.time() < deadline, "the round never reached PPO"
+            time.sleep(0.2)
+    finally:  # the ranks first (torchrun starts each in its own session), then the launcher
+        for pid in [*_children(launched.pid), launched.pid]:
+            os.kill(pid, signal.SIGKILL)
+        launched.wait()
+    assert store.running_round() is not None  # what a crash leaves behind
+    reports, _ = _torchrun(tmp_path, argv(1))
+    _assert_only_rank_zero_wrote(reports)
+    rounds = store.rounds()
+    assert [r.status for r in rounds] == ["failed", "done"]
+    assert rounds[1].metrics["round/reward_model_path"] == rounds[0].metrics["round/reward_model_path"]
+    assert [p.round for p in store.policies()] == [0, 1]
+    store.close()
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))

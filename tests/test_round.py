@@ -43,7 +43,10 @@ def seed_votes(db: Path, model_dir: Path, n_pairs: int = 12) -> None:
     store.close()
 
 
-def test_two_rounds_record_two_policies_their_metrics_and_fresh_pairs(tmp_path, tiny_model_dir):
+def test_two_rounds_record_two_policies_their_metrics_and_fresh_pairs(tmp_path, tiny_model_dir, monkeypatch):
+    import rlhf.reward.annotator_agreement
+
+    monkeypatch.setattr(rlhf.reward.annotator_agreement, "MIN_OTHER_VOTES", 1)  # two voters of a few votes each
     db = tmp_path / "loop.db"
     seed_votes(db, tiny_model_dir)
     # the tiny model's 12-token answers often have equal word counts, which `longer` ties: of the 6 pairs the first
@@ -74,6 +77,12 @@ def test_two_rounds_record_two_policies_their_metrics_and_fresh_pairs(tmp_path, 
         assert round_.metrics["rm/n_heldout"] == round_.metrics["rm/n_heldout_sample"] + \
             round_.metrics["rm/n_heldout_versus"] + round_.metrics["rm/n_heldout_chosen"]
         assert {"rm/heldout_accuracy_versus", "rm/heldout_accuracy_chosen"} <= set(round_.metrics)
+    # round 1: one voter, nobody else to fit on; round 2: each voter against a head fitted on the other's votes
+    assert rounds[0].metrics["people/model_agreement"] == {}
+    measured = rounds[1].metrics["people/model_agreement"]
+    ab = {name: sum(v.choice in ("a", "b") for v in store.votes(annotator=name)) for name in ("sim", "sim2")}
+    assert {name: judged for name, (_, judged) in measured.items()} == ab
+    assert all(0 <= agreeing <= judged for agreeing, judged in measured.values())
     new_pairs = [store.pair(pid) for pid in range(1, store.count_pairs() + 1)]
     made_by = {store.generation(pair.gen_a).policy_id for pair in new_pairs}
     assert {first.policy_id, second.policy_id} <= made_by  # each round queued pairs from its new policy

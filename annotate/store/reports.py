@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from annotate.agreement import AgreementReport, agreement_report
-from annotate.records import CHOICES, Preference, WinRate
+from annotate.records import CHOICES, Preference, VoteTexts, WinRate
 from annotate.store import sql as queries
 
 
@@ -103,6 +103,10 @@ class Reports:
         dataset = self.export_dataset()
         dataset.to_parquet(str(path))
         return len(dataset)
+
+    def ab_vote_texts(self) -> list[VoteTexts]:
+        """Every a/b vote, excluded annotators' too, oldest first, as the texts the voter picked between."""
+        return [VoteTexts(**row) for row in self._rows(queries.SELECT_AB_VOTE_TEXTS)]
 
     def gold_pair_ids(self) -> list[int]:
         """The pairs an admin marked gold, oldest first."""

@@ -322,6 +322,13 @@ SELECT_PAIR_TALLIES = f"""
     JOIN votes v ON v.pair_id = p.id
     WHERE {COUNTED_VOTE}
     GROUP BY p.id ORDER BY p.id"""
+SELECT_AB_VOTE_TEXTS = """
+    SELECT v.annotator, p.id AS pair_id, pr.text AS prompt,
+           CASE WHEN v.choice = 'a' THEN ga.text ELSE gb.text END AS chosen,
+           CASE WHEN v.choice = 'a' THEN gb.text ELSE ga.text END AS rejected
+    FROM votes v JOIN pairs p ON p.id = v.pair_id JOIN prompts pr ON pr.id = p.prompt_id
+    JOIN generations ga ON ga.id = p.gen_a JOIN generations gb ON gb.id = p.gen_b
+    WHERE v.choice IN ('a', 'b') ORDER BY v.id"""
 SELECT_VERSUS_TALLIES = f"""
     SELECT ga.policy_id AS policy_id, gb.policy_id AS opponent_id,
            SUM(v.choice = 'a') AS wins, SUM(v.choice = 'b') AS losses,
