@@ -178,6 +178,8 @@ class AnnotateHandlers:
                 waiting.append("An admin can generate more in the Admin tab; this page picks them up by itself.")
             status = " ".join(part for part in [notes, status, *waiting] if part)
             return AnnotateView(signed_in=True, pair_id=None, progress=progress, status=status)
+        if role == "admin":  # the id --gold and the Admin tab's "Mark gold" take; annotators see no ids
+            progress += f" · pair {showing.pair_id}"
         return AnnotateView(
             signed_in=True, pair_id=showing.pair_id, prompt_html=render_prompt(showing.prompt),
             left_html=render_untrusted(showing.left), right_html=render_untrusted(showing.right),

@@ -165,6 +165,13 @@ def test_better_answer_is_stored_as_a_demonstration_with_the_vote(app_parts):
     assert "Your better answer was saved." in view.status
 
 
+def test_an_admin_sees_the_pair_id_to_mark_gold_and_an_annotator_does_not(app_parts):
+    admin_session, admin_view = signed_in(app_parts, "alice")  # the first to sign in: an admin
+    _, annotator_view = signed_in(app_parts, "bob")
+    assert admin_view.progress.endswith(f" · pair {admin_session.showing.pair_id}")
+    assert annotator_view.pair_id is not None and "pair " not in annotator_view.progress.replace("pairs left", "")
+
+
 def test_first_person_to_sign_in_becomes_admin_and_is_told(app_parts):
     _, view = signed_in(app_parts, "alice")
     assert "first person to sign in" in view.status and "admin" in view.status
