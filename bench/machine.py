@@ -12,6 +12,7 @@ describe the CPU too.
 from __future__ import annotations
 
 import os
+import resource
 import sys
 from pathlib import Path
 
@@ -23,6 +24,11 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 MODEL_KEYS = ("model name", "cpu model", "hardware")
 """Where /proc/cpuinfo names the CPU (x86, MIPS, Arm boards), first found first; x86's `model` is a number."""
 EMULATED_SLOWDOWN = "measured 7x slower than fp32 for a PPO step on an AVX2-only CPU"
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def parse_cpuinfo(text: str) -> dict:

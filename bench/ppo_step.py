@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 import torch
 
-from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
+from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line, peak_rss_mb
 from rlhf.models import load_tokenizer, resolve_model_path
 from rlhf.ppo.train import build_ppo_trainer
 from rlhf.ppo.config import PPOConfig, rollout_sampling
@@ -35,11 +34,6 @@ from rlhf.reward.features import parse_feature
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prompts import PROMPTS
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -21,14 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 import torch
 
-from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line
+from bench.machine import add_bf16_flag, check_bf16, describe_machine, machine_line, peak_rss_mb
 from bench.synthetic_prefs import synthetic_preferences
 from rlhf.reward.train import RewardTrainConfig, train_reward_model
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main(argv: list[str] | None = None) -> dict:

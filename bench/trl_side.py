@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -42,11 +41,7 @@ from transformers import (
 # the same prompts, in the same order, as bench/ppo_step.py
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_prompts import PROMPTS
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from machine import peak_rss_mb
 
 
 def load_tokenizer(path: str):
