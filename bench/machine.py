@@ -6,7 +6,8 @@ CUDA GPU, does bf16 at full speed. Every bench prints `machine_line(describe_mac
 `"machine": describe_machine()` into its last JSON line; benches that take a precision call `check_bf16`.
 
 torch is imported only when asked for (`with_torch`), so a bench that must not load it (bench/first_pair.py) can
-describe the CPU too.
+describe the CPU too. `peak_rss_mb` is each bench's peak memory figure. The module imports nothing of the repository,
+so bench/trl_side.py can use it from TRL's own virtual environment (`from machine import ...`).
 """
 
 from __future__ import annotations
