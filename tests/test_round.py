@@ -271,7 +271,7 @@ def test_one_small_round_of_the_default_model_completes(tmp_path):
     store.add_prompts(PROMPTS[:8], source="test")
     policy = store.ensure_base_policy("default")
     make_pairs(store, PairRequest(8, policy.id, sampling=Sampling(max_new_tokens=16), seed=0))
-    simulate_votes(store, resolve_judge("longer"), "sim", n_votes=8)
+    simulate_votes(store, resolve_judge("concise"), "sim", n_votes=8)
     overrides = tiny_settings(tmp_path) + ["sampling.max_new_tokens=16", "round.next_pairs=2", "round.versus_share=0.0"]
     result = run_round(db, "default", load_config(None, overrides), log=lambda message: None)
     assert store.round(result.round_id).status == "done"
