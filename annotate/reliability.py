@@ -182,16 +182,49 @@ ACCURACY_BOUNDS = (0.05, 0.95)
 """Accuracies are kept inside these so that no single vote is certain (an infinite log-odds)."""
 
 
-def voter_accuracies(fit: DawidSkeneFit, gold: dict[str, tuple[int, int]]) -> dict[str, float]:
+def voter_accuracies(fit: DawidSkeneFit, gold: dict[str, tuple[int, int]],
+                     agreement: dict[str, tuple[int, int]] | None = None) -> dict[str, float]:
     """Each voter's accuracy for weighting: their gold accuracy ((right + 1) / (judged + 2)) from MIN_ESTIMATE_VOTES
-    gold votes, else their Dawid-Skene accuracy from as many shared a/b votes; voters with neither are left out (they
-    take UNKNOWN_ACCURACY)."""
-    accuracies = {name: estimate.accuracy for name, estimate in fit.annotators.items()
-                  if estimate.n >= MIN_ESTIMATE_VOTES}
+    gold votes, else their Dawid-Skene accuracy from as many shared a/b votes, else what their `agreement` with a
+    head that never saw their votes says (agreement_accuracies); voters with none are left out (they take
+    UNKNOWN_ACCURACY)."""
+    accuracies = agreement_accuracies(agreement or {})
+    accuracies.update({name: estimate.accuracy for name, estimate in fit.annotators.items()
+                       if estimate.n >= MIN_ESTIMATE_VOTES})
     for name, (right, judged) in gold.items():
         if judged >= MIN_ESTIMATE_VOTES:
             accuracies[name] = (right + 1) / (judged + 2)
     return accuracies
+
+
+MIN_AGREEMENT_VOTES = 20
+"""A voter's a/b votes a held-out head judged (people/model_agreement) from which that agreement places them."""
+
+
+def agreement_accuracies(agreement: dict[str, tuple[int, int]]) -> dict[str, float]:
+    """Accuracies for weighting from each voter's (agreeing, judged) with a head fitted on the others' votes
+    (rlhf.reward.annotator_agreement), for voters with MIN_AGREEMENT_VOTES judged; {} for fewer than two such voters
+    or when none beats chance. With the head right on q and voter j on p_j, e_j = g_j - 1/2 = 2 (p_j - 1/2)(q - 1/2)
+    (g_j = agreeing / judged): p_j's excess times a factor common to all. Each e_j is shrunk towards their mean by
+    tau^2 / (tau^2 + s_j^2) (s_j^2 = 1 / (4 judged), a coin's sampling variance; tau^2 the sample variance of the
+    e_j less the mean s_j^2, at least 0), so that a team whose spread is sampling noise weighs everyone alike, and
+    floored at 0 (a voter at or below chance says nothing). q is unknown: the voter with the largest excess is taken
+    to be a careful person, p = UNKNOWN_ACCURACY, and p_j = 1/2 + (UNKNOWN_ACCURACY - 1/2) e_j / e_max. A
+    single-vote pair's weight 2 p_j - 1 is then proportional to e_j whatever q is (weights are scaled to mean 1);
+    only pairs with several votes read the anchor."""
+    judged = {name: (agreeing / n, n) for name, (agreeing, n) in agreement.items() if n >= MIN_AGREEMENT_VOTES}
+    if len(judged) < 2:
+        return {}
+    excess = {name: share - 0.5 for name, (share, _) in judged.items()}
+    sampling = {name: 1.0 / (4 * n) for name, (_, n) in judged.items()}
+    mean = sum(excess.values()) / len(excess)
+    spread = sum((e - mean) ** 2 for e in excess.values()) / (len(excess) - 1) - sum(sampling.values()) / len(excess)
+    tau2 = max(spread, 0.0)
+    shrunk = {name: max(mean + tau2 / (tau2 + sampling[name]) * (e - mean), 0.0) for name, e in excess.items()}
+    top = max(shrunk.values())
+    if top <= 0:
+        return {}
+    return {name: 0.5 + (UNKNOWN_ACCURACY - 0.5) * e / top for name, e in shrunk.items()}
 
 
 def weighted_preferences(preferences: list, votes: list[Vote], accuracies: dict[str, float],
@@ -228,10 +261,10 @@ def _log_odds(accuracies: dict[str, float], name: str) -> float:
     return math.log(p / (1.0 - p))
 
 
-def reliability_weighted(store, preferences: list) -> list:
+def reliability_weighted(store, preferences: list, agreement: dict[str, tuple[int, int]] | None = None) -> list:
     """`weighted_preferences` of the store's preferences, on its counted votes (excluded annotators' left out), its
-    Dawid-Skene fit and its gold results."""
+    Dawid-Skene fit, its gold results and `agreement` (the last round's people/model_agreement, if any)."""
     excluded = set(store.excluded_annotators())
     votes = [vote for vote in store.votes() if vote.annotator not in excluded]
-    accuracies = voter_accuracies(dawid_skene(labels_from_votes(votes)), store.gold_results())
+    accuracies = voter_accuracies(dawid_skene(labels_from_votes(votes)), store.gold_results(), agreement)
     return weighted_preferences(preferences, votes, accuracies, frozenset(store.gold_pair_ids()))

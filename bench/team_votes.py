@@ -8,7 +8,11 @@ casting `--careless-share` of the votes. Each member also answers `--gold` gold 
 evidence `voter_accuracies` reads). At the same number of careful votes, the head (mean@2) is fitted on:
 - careful_only: the careful members' votes alone;
 - majority: every vote, each pair counting once (votes.weighting = "majority");
-- weighted: every vote weighted by annotate.reliability.weighted_preferences (votes.weighting = "reliability").
+- weighted: every vote weighted by annotate.reliability.weighted_preferences (votes.weighting = "reliability"),
+  each member's accuracy from their gold votes;
+- by_agreement: the same without gold, each member's accuracy from their agreement with a head fitted on the other
+  members' votes, all their votes cross-fitted (annotate.reliability.agreement_accuracies: what a round with
+  weighting "reliability" reads from the round before it at overlap 1 without gold).
 Each member's agreement with a head fitted on the other members' votes (rlhf.reward.annotator_agreement, the
 people table's "agreement with the reward model") is measured on their first 50 votes: `model_agreement` holds its
 mean per kind of member (careful, random, left) over the runs. Flags (annotate.people.careless_reason) are read on
@@ -45,6 +49,8 @@ from rlhf.reward.strategies import StrategyConfig, VotesConfig, fit_feature_head
 CAREFUL = ("careful-1", "careful-2", "careful-3")
 CARELESS = ("random", "left")
 FEATURE = "mean@2"
+LABELINGS = ("careful_only", "majority", "weighted", "by_agreement")
+"""The labellings compared (the module docstring), each a mean held-out accuracy in the JSON line."""
 FIRST_VOTES = 50
 """Flags are read on each member's first this many votes, as the issue asks."""
 
@@ -77,11 +83,11 @@ def gold_results(args, rng: random.Random) -> dict[str, tuple[int, int]]:
     return {m: (sum(rng.random() < p for _ in range(args.gold)), args.gold) for m, p in accuracy_of.items()}
 
 
-def weights_of(votes: list[tuple], gold: dict) -> list[float]:
-    """annotate.reliability's weight of each single-vote pair, given the members' gold accuracies."""
+def weights_of(votes: list[tuple], gold: dict, agreement: dict | None = None) -> list[float]:
+    """annotate.reliability's weight of each single-vote pair, given the members' gold results and agreement."""
     preferences = [Preference(i, "", "chosen", "rejected", 1, "sample") for i, *_ in votes]
     cast = [Vote(k, i, member, "a", True, None, "") for k, (i, member, *_ ) in enumerate(votes)]
-    accuracies = voter_accuracies(DawidSkeneFit({}, {}, 0, True), gold)
+    accuracies = voter_accuracies(DawidSkeneFit({}, {}, 0, True), gold, agreement)
     return [p.weight for p in weighted_preferences(preferences, cast, accuracies)]
 
 
@@ -94,17 +100,21 @@ def fit_accuracy(data: CurveData, votes: list[tuple], weights: list[float] | Non
     return accuracy(data, f"head:{FEATURE}", weight, evaluation)
 
 
-def model_agreement(data: CurveData, votes: list[tuple], seed: int) -> dict[str, tuple[int, int]]:
-    """Each member's (agreeing, judged) on their first FIRST_VOTES votes, the head fitted on every other member's votes
-    (the round's leave-one-annotator-out measure)."""
+def model_agreement(data: CurveData, votes: list[tuple], seed: int,
+                    first: int | None = FIRST_VOTES) -> dict[str, tuple[int, int]]:
+    """Each member's (agreeing, judged) on their `first` votes (None: all), the head fitted on every other member's
+    votes (the round's leave-one-annotator-out measure)."""
     config = StrategyConfig(votes=VotesConfig(n_heads=0), seed=seed)
 
     def fit(chosen, rejected):
         return fit_feature_heads(chosen, rejected, "head", config)[0]
 
+    if first is None:
+        chosen, rejected = data.diffs(FEATURE, [v[0] for v in votes], [v[2] for v in votes])
+        return held_out_agreement(chosen, rejected, [v[1] for v in votes], fit)
     measured = {}
     for member in (*CAREFUL, *CARELESS):
-        own = [v for v in votes if v[1] == member][:FIRST_VOTES]
+        own = [v for v in votes if v[1] == member][:first]
         rows = [v for v in votes if v[1] != member] + own
         chosen, rejected = data.diffs(FEATURE, [v[0] for v in rows], [v[2] for v in rows])
         measured[member] = held_out_agreement(chosen, rejected, [v[1] for v in rows], fit).get(member, (0, 0))
@@ -136,6 +146,8 @@ def run_seed(data: CurveData, seed: int, n_careful: int, args) -> dict:
     return {"careful_only": fit_accuracy(data, careful, None, evaluation, seed),
             "majority": fit_accuracy(data, votes, None, evaluation, seed),
             "weighted": fit_accuracy(data, votes, weights_of(votes, gold), evaluation, seed),
+            "by_agreement": fit_accuracy(data, votes, weights_of(votes, {}, model_agreement(data, votes, seed, None)),
+                                         evaluation, seed),
             "votes": len(votes), "flagged": sum(bool(reasons[m]) for m in CARELESS),
             "missed": sum(not reasons[m] for m in CARELESS), "false_flags": sum(bool(reasons[m]) for m in CAREFUL),
             "agreement": {"careful": [share[m] for m in CAREFUL if share[m] is not None],
@@ -161,16 +173,16 @@ def main() -> int:
     print(machine_line(describe_machine()), flush=True)
     rows = pooled_answers(4, 64, [0, 1])
     index, features = load_features(rows, args.model, "n4-t64-s0,1", features=(FEATURE,))
-    result = {"careful_only": [], "majority": [], "weighted": [], "flagged": 0, "missed": 0, "false_flags": 0}
+    result = {**{key: [] for key in LABELINGS}, "flagged": 0, "missed": 0, "false_flags": 0}
     agreement = {"careful": [], "random": [], "left": []}
     for annotator in args.annotators.split(","):
         data = CurveData(rows, index, features, resolve_judge(annotator))
         for n in (int(v) for v in args.careful_votes.split(",")):
             runs = [run_seed(data, seed, n, args) for seed in range(args.seeds)]
-            cells = {key: mean_and_se([r[key] for r in runs]) for key in ("careful_only", "majority", "weighted")}
+            cells = {key: mean_and_se([r[key] for r in runs]) for key in LABELINGS}
             print(f"{annotator} {n} careful votes ({statistics.fmean(r['votes'] for r in runs):.0f} in all): "
                   + ", ".join(f"{key} {m:.1%} (se {se:.1%})" for key, (m, se) in cells.items()), flush=True)
-            for key in ("careful_only", "majority", "weighted"):
+            for key in LABELINGS:
                 result[key].extend(r[key] for r in runs)
             for key in ("flagged", "missed", "false_flags"):
                 result[key] += sum(r[key] for r in runs)
@@ -178,7 +190,7 @@ def main() -> int:
                 agreement[kind].extend(share for r in runs for share in r["agreement"][kind])
             print("  agreement with a head fitted on the others' votes, first 50 votes: " + ", ".join(
                 f"{kind} {statistics.fmean(s for r in runs for s in r['agreement'][kind]):.1%}" for kind in agreement))
-    summary = {key: statistics.fmean(result[key]) for key in ("careful_only", "majority", "weighted")}
+    summary = {key: statistics.fmean(result[key]) for key in LABELINGS}
     print(json.dumps({**summary, **{k: result[k] for k in ("flagged", "missed", "false_flags")},
                       "model_agreement": {kind: statistics.fmean(shares) for kind, shares in agreement.items()},
                       "annotators": args.annotators, "seeds": args.seeds, "careful_votes": args.careful_votes,

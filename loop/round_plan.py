@@ -14,6 +14,7 @@ from annotate.metrics import (RM_LIVE_PREFIX, RM_PREFIX, ROUND_ACTOR_POLICY_ID, 
                               ROUND_POLICY_ID, ROUND_PPO_PROMPTS, ROUND_REFERENCE, ROUND_RESUMED_FROM,
                               ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY, ROUND_SECONDS, ROUND_STAGE,
                               ROUND_STARTED_FROM, ROUND_VOTES, ROUND_WEIGHTING, stage_seconds)
+from annotate.people import recorded_model_agreement
 from annotate.promotion import PromotionDecision, refresh_promotions
 from annotate.records import Policy, Preference
 from annotate.reliability import reliability_weighted
@@ -118,7 +119,7 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
     store.ensure_base_policy(base_model)
     preferences = list(store.preferences())
     if config.votes.weighting == "reliability":  # each pair weighted by how sure its votes are
-        preferences = reliability_weighted(store, preferences)
+        preferences = reliability_weighted(store, preferences, recorded_model_agreement(store.rounds()))
     last_done = store.last_done_round()
     used_before = int(last_done.metrics.get(ROUND_PAIRS_USED.name, 0)) if last_done else 0
     new_pairs = len(preferences) - used_before

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from annotate.records import Preference, Vote
-from annotate.reliability import (UNKNOWN_ACCURACY, AnnotatorReliability, DawidSkeneFit, voter_accuracies,
-                                  weighted_preferences)
+from annotate.reliability import (UNKNOWN_ACCURACY, AnnotatorReliability, DawidSkeneFit, agreement_accuracies,
+                                  voter_accuracies, weighted_preferences)
 from rlhf.reward import bt_head, strategies
 from rlhf.reward.config import StrategyConfig, VotesConfig
 
@@ -54,6 +54,28 @@ def test_a_voters_accuracy_is_gold_from_10_gold_votes_else_dawid_skene_from_10_s
                          "both": AnnotatorReliability("both", 0.9, 0.7, 0.95, 30, 27.0)}, {}, 5, True)
     got = voter_accuracies(fit, {"both": (5, 10), "gold": (18, 20), "little": (3, 3)})
     assert got == pytest.approx({"ds": 0.8, "both": 6 / 12, "gold": 19 / 22})  # few, little: too few to say
+
+
+def test_accuracies_from_agreement_with_a_held_out_head_worked_out_by_hand():
+    # excess e = g - 1/2: 0.2, 0.1, 0, -0.1; mean 0.05; sample variance (0.15^2 + 0.05^2 + 0.05^2 + 0.15^2) / 3
+    # = 0.05 / 3; s^2 = 1 / 400 each, tau^2 = 0.05 / 3 - 0.0025, shrink factor tau^2 / (0.05 / 3) = 0.85:
+    # 0.1775, 0.0925, 0.0075, -0.0775 (floored at 0); the largest stands for UNKNOWN_ACCURACY = 0.75
+    got = agreement_accuracies({"A": (70, 100), "B": (60, 100), "C": (50, 100), "D": (40, 100), "few": (19, 19)})
+    assert got == pytest.approx({"A": 0.75, "B": 0.5 + 0.25 * 0.0925 / 0.1775, "C": 0.5 + 0.25 * 0.0075 / 0.1775,
+                                 "D": 0.5})  # few: under 20 judged votes, not placed
+    # a spread no wider than sampling noise (0.005 against s = 0.05): everyone shrinks to the mean, weighs alike
+    assert agreement_accuracies({"A": (60, 100), "B": (61, 100)}) == pytest.approx({"A": 0.75, "B": 0.75})
+    assert agreement_accuracies({"A": (70, 100)}) == {}  # nobody to compare with: q and p cannot be told apart
+    assert agreement_accuracies({"A": (50, 100), "B": (45, 100)}) == {}  # nobody beats chance: nothing to anchor
+
+
+def test_gold_and_dawid_skene_outrank_agreement_in_a_voters_accuracy():
+    fit = DawidSkeneFit({"ds": AnnotatorReliability("ds", 0.8, 0.6, 0.9, 12, 9.6)}, {}, 5, True)
+    agreement = {"ds": (50, 100), "gold": (50, 100), "coin": (50, 100), "sure": (70, 100)}
+    got = voter_accuracies(fit, {"gold": (18, 20)}, agreement)
+    # e 0, 0, 0, 0.2: mean 0.05, variance 0.03 / 3 = 0.01, tau^2 0.0075, factor 0.75: 0.0125 and 0.1625
+    shrunk_coin = 0.5 + 0.25 * 0.0125 / 0.1625
+    assert got == pytest.approx({"ds": 0.8, "gold": 19 / 22, "coin": shrunk_coin, "sure": 0.75})
 
 
 def test_the_pair_weights_reach_the_heads_loss_multiplied_into_the_graded_weights(monkeypatch):
@@ -114,4 +136,29 @@ def test_the_round_trains_on_the_weighted_preferences_and_records_its_weighting(
     assert math.isclose(sum(p.weight for p in plan.preferences), len(plan.preferences))
     with pytest.raises(ValueError, match="votes.weighting must be one of majority, reliability"):
         VotesConfig(weighting="loudest")
+    store.close()
+
+
+def test_the_round_weighs_single_votes_by_the_last_rounds_agreement_with_a_held_out_head(tmp_path):
+    from annotate.metrics import PEOPLE_MODEL_AGREEMENT
+    from annotate.store import Store
+    from loop.config_files import load_config
+    from loop.round_plan import plan_round
+
+    store = Store(tmp_path / "a.db")
+    store.add_prompts([f"Question {i}?" for i in range(3)], source="test")
+    base = store.ensure_base_policy("base")
+    for prompt, name in zip(range(1, 4), ("careful", "careful", "coin")):
+        gen_a, gen_b = (store.add_generation(prompt, base.id, f"{side}{prompt}", 2, "eos") for side in "ab")
+        store.add_annotator(name)
+        store.record_vote(store.add_pair(prompt, gen_a, gen_b, kind="sample"), name, "a", a_on_left=True)
+    before = store.start_round()
+    store.finish_round(before, {PEOPLE_MODEL_AGREEMENT: {"careful": [70, 100], "coin": [50, 100]}})
+    config = load_config(None, ["round.min_new_pairs=1", f"round.checkpoints_dir={tmp_path / 'c'}",
+                                "votes.weighting=reliability", "promotion.rule=always"])
+    plan = plan_round(store, "base", config, log=lambda message: None)
+    # excess 0.2 and 0: mean 0.1, variance 0.02, tau^2 0.0175, factor 0.875: 0.1875 and 0.0125, so p = 0.75 and
+    # 0.5 + 0.25 / 15; single-vote weights 2p - 1 = 0.5, 0.5 and 1 / 30, scaled to mean 1
+    raw = [0.5, 0.5, 1 / 30]
+    assert [p.weight for p in plan.preferences] == pytest.approx([w * 3 / sum(raw) for w in raw])
     store.close()
