@@ -7,7 +7,9 @@ Position bias: of a person's a/b votes, the share that picked the answer shown o
 around half; one who always clicks the left button does not). Reliability: their accuracy by Dawid-Skene on the pairs
 with several a/b votes (annotate.reliability), with its Wilson interval and n. Agreement with the reward model: the
 share of their a/b votes that a head fitted on everyone else's votes agrees with (rlhf.reward.annotator_agreement),
-as the last round that measured it recorded; on pairs one person voted on, the only check of their votes.
+as the last round that measured it recorded; on pairs one person voted on, the only check of their votes. Accuracy
+for weighting: the one `[votes] weighting = "reliability"` weighs their votes by, and which of gold, Dawid-Skene or
+that agreement it comes from (annotate.reliability.voter_accuracy_sources).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from dataclasses import dataclass
 from annotate.agreement import AgreementReport
 from annotate.metrics import PEOPLE_MODEL_AGREEMENT
 from annotate.records import Vote
-from annotate.reliability import AnnotatorReliability, dawid_skene, labels_from_votes
+from annotate.reliability import (UNKNOWN_ACCURACY, AnnotatorReliability, dawid_skene, labels_from_votes,
+                                  voter_accuracy_sources)
 from annotate.statistics import binomial_two_sided_p, wilson_interval
 
 
@@ -52,6 +55,11 @@ class Person:
     with..."""
     model_judged: int = 0
     """...of this many (0: not measured)."""
+    weighting_accuracy: float = UNKNOWN_ACCURACY
+    """The accuracy `[votes] weighting = "reliability"` weighs their votes by (annotate.reliability.voter_accuracies):
+    from gold, else Dawid-Skene, else the agreement above; UNKNOWN_ACCURACY when none is known..."""
+    weighting_source: str = ""
+    """...and which of those it came from ("gold", "Dawid-Skene", "agreement"; "" for none)."""
 
     @property
     def gold_accuracy(self) -> float | None:
@@ -83,7 +91,9 @@ def people(votes: list[Vote], agreement: AgreementReport, gold: dict[str, tuple[
         for name in (pair.annotator_1, pair.annotator_2):
             items, agreeing = shared.get(name, (0, 0.0))
             shared[name] = (items + pair.items, agreeing + pair.percent * pair.items)
-    reliability = dawid_skene(labels_from_votes(votes)).annotators
+    fit = dawid_skene(labels_from_votes(votes))
+    reliability = fit.annotators
+    weighting = voter_accuracy_sources(fit, gold or {}, model_agreement)
     rows = []
     for name, own in by_name.items():
         ab = [vote for vote in own if vote.choice in ("a", "b")]
@@ -93,7 +103,7 @@ def people(votes: list[Vote], agreement: AgreementReport, gold: dict[str, tuple[
         rows.append(Person(name, len(own), len(ab), left, binomial_two_sided_p(left, len(ab)), items,
                            agreeing / items if items else None, statistics.median(seconds) if seconds else None,
                            reliability.get(name), *(gold or {}).get(name, (0, 0)),
-                           *(model_agreement or {}).get(name, (0, 0))))
+                           *(model_agreement or {}).get(name, (0, 0)), *weighting.get(name, (UNKNOWN_ACCURACY, ""))))
     return sorted(rows, key=lambda person: (-person.votes, person.name))
 
 
@@ -113,7 +123,8 @@ def store_people(store) -> list[Person]:
 
 PEOPLE_COLUMNS = ["annotator", "votes", "a/b votes", "left picks (95% interval)", "p (left vs half)",
                   "agreement with others (n)", "median seconds", "Dawid-Skene accuracy (95%, n)",
-                  "gold accuracy (95%, n)", "agreement with the reward model (95%, n)", "looks careless"]
+                  "gold accuracy (95%, n)", "agreement with the reward model (95%, n)",
+                  "accuracy for weighting (from)", "looks careless"]
 
 FLAG_SIDE_P = 0.001
 """A side bias is flagged below this two-sided binomial p (a careful person is flagged by chance once in 1,000)..."""
@@ -185,8 +196,9 @@ def people_rows(rows: list[Person]) -> list[list]:
         model = "" if person.model_agreement is None else \
             f"{person.model_agreement:.0%} ({_interval_text(person.model_agreement, person.model_judged)}, " \
             f"n={person.model_judged})"
+        weighting = f"{person.weighting_accuracy:.0%} ({person.weighting_source or 'nothing known yet'})"
         table.append([person.name, person.votes, person.ab_votes, left, f"{person.left_p:.3g}", agreement, seconds,
-                      accuracy, gold, model, careless_reason(person)])
+                      accuracy, gold, model, weighting, careless_reason(person)])
     return table
 
 

@@ -184,17 +184,23 @@ ACCURACY_BOUNDS = (0.05, 0.95)
 
 def voter_accuracies(fit: DawidSkeneFit, gold: dict[str, tuple[int, int]],
                      agreement: dict[str, tuple[int, int]] | None = None) -> dict[str, float]:
-    """Each voter's accuracy for weighting: their gold accuracy ((right + 1) / (judged + 2)) from MIN_ESTIMATE_VOTES
-    gold votes, else their Dawid-Skene accuracy from as many shared a/b votes, else what their `agreement` with a
-    head that never saw their votes says (agreement_accuracies); voters with none are left out (they take
-    UNKNOWN_ACCURACY)."""
-    accuracies = agreement_accuracies(agreement or {})
-    accuracies.update({name: estimate.accuracy for name, estimate in fit.annotators.items()
-                       if estimate.n >= MIN_ESTIMATE_VOTES})
+    """Each voter's accuracy for weighting (voter_accuracy_sources without the sources)."""
+    return {name: accuracy for name, (accuracy, _) in voter_accuracy_sources(fit, gold, agreement).items()}
+
+
+def voter_accuracy_sources(fit: DawidSkeneFit, gold: dict[str, tuple[int, int]],
+                           agreement: dict[str, tuple[int, int]] | None = None) -> dict[str, tuple[float, str]]:
+    """Each voter's (accuracy for weighting, where it comes from): their gold accuracy ((right + 1) / (judged + 2))
+    from MIN_ESTIMATE_VOTES gold votes ("gold"), else their Dawid-Skene accuracy from as many shared a/b votes
+    ("Dawid-Skene"), else what their `agreement` with a head that never saw their votes says (agreement_accuracies,
+    "agreement"); voters with none are left out (they take UNKNOWN_ACCURACY)."""
+    sources = {name: (accuracy, "agreement") for name, accuracy in agreement_accuracies(agreement or {}).items()}
+    sources.update({name: (estimate.accuracy, "Dawid-Skene") for name, estimate in fit.annotators.items()
+                    if estimate.n >= MIN_ESTIMATE_VOTES})
     for name, (right, judged) in gold.items():
         if judged >= MIN_ESTIMATE_VOTES:
-            accuracies[name] = (right + 1) / (judged + 2)
-    return accuracies
+            sources[name] = ((right + 1) / (judged + 2), "gold")
+    return sources
 
 
 MIN_AGREEMENT_VOTES = 20

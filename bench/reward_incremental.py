@@ -134,6 +134,8 @@ def main() -> int:
     parser.add_argument("--model", default="default")
     parser.add_argument("--annotators", default="formal,concise,example", help="held-out rules, comma-separated")
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds run are first-seed .. first-seed + seeds - 1: "
+                        "new seeds extend an earlier run")
     parser.add_argument("--sizes", default="300,600,900,1500", help="vote counts compared, multiples of --step")
     parser.add_argument("--step", type=int, default=300, help="new votes a round")
     parser.add_argument("--flip", type=float, default=0.25, help="share of votes flipped")
@@ -154,7 +156,8 @@ def main() -> int:
               file=sys.stderr)
         return 2
     jobs = [(rows, args.model, annotator, seed, sizes, args.step, args.flip, args.heldout_fraction, args.max_evaluation)
-            for annotator in args.annotators.split(",") for seed in range(args.seeds)]
+            for annotator in args.annotators.split(",")
+            for seed in range(args.first_seed, args.first_seed + args.seeds)]
     if args.jobs > 1:
         with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
             results = pool.map(run_one, jobs)
@@ -177,6 +180,7 @@ def main() -> int:
               f"{row['incremental_seconds']:.0f}")
     print(json.dumps({"bench": "reward_incremental", "machine": describe_machine(), "flip": args.flip,
                       "step": args.step, "annotators": args.annotators.split(","), "seeds": args.seeds,
+                      "first_seed": args.first_seed,
                       "table": table, "runs": results}))
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from annotate.people import Person, careless_reason, people_rows, recorded_model_agreement
+from annotate.people import PEOPLE_COLUMNS, Person, careless_reason, people_rows, recorded_model_agreement
 from annotate.records import Round
 from rlhf.reward.annotator_agreement import held_out_agreement
 
@@ -54,4 +54,5 @@ def test_the_people_table_reads_the_newest_round_that_measured_and_flags_votes_a
         careless_reason(person(5, 30))
     assert careless_reason(person(14, 30)) == ""
     assert careless_reason(person(2, 19)) == ""  # too few votes to tell
-    assert people_rows([person(5, 30)])[0][-2] == "17% (7%-34%, n=30)"
+    column = PEOPLE_COLUMNS.index("agreement with the reward model (95%, n)")
+    assert people_rows([person(5, 30)])[0][column] == "17% (7%-34%, n=30)"

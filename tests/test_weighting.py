@@ -9,9 +9,11 @@ import math
 import pytest
 import torch
 
+from annotate.agreement import AgreementReport
+from annotate.people import PEOPLE_COLUMNS, people, people_rows
 from annotate.records import Preference, Vote
 from annotate.reliability import (UNKNOWN_ACCURACY, AnnotatorReliability, DawidSkeneFit, agreement_accuracies,
-                                  voter_accuracies, weighted_preferences)
+                                  voter_accuracies, voter_accuracy_sources, weighted_preferences)
 from rlhf.reward import bt_head, strategies
 from rlhf.reward.config import StrategyConfig, VotesConfig
 
@@ -76,6 +78,20 @@ def test_gold_and_dawid_skene_outrank_agreement_in_a_voters_accuracy():
     # e 0, 0, 0, 0.2: mean 0.05, variance 0.03 / 3 = 0.01, tau^2 0.0075, factor 0.75: 0.0125 and 0.1625
     shrunk_coin = 0.5 + 0.25 * 0.0125 / 0.1625
     assert got == pytest.approx({"ds": 0.8, "gold": 19 / 22, "coin": shrunk_coin, "sure": 0.75})
+    sources = voter_accuracy_sources(fit, {"gold": (18, 20)}, agreement)
+    assert {name: source for name, (_, source) in sources.items()} == \
+        {"ds": "Dawid-Skene", "gold": "gold", "coin": "agreement", "sure": "agreement"}
+
+
+def test_the_people_table_shows_each_voters_accuracy_for_weighting_and_its_source():
+    cast = [Vote(i, i, name, "a", True, 5.0, "") for i, name in enumerate(["gold"] * 3 + ["sure", "coin", "new"])]
+    agreement = {"sure": (70, 100), "coin": (50, 100)}  # e 0.2 and 0: mean 0.1, tau^2 0.02 - 0.0025, factor 0.875
+    rows = {row[0]: row for row in people_rows(people(cast, AgreementReport(0, 0, None, None), {"gold": (9, 10)}, agreement))}
+    column = PEOPLE_COLUMNS.index("accuracy for weighting (from)")
+    assert rows["gold"][column] == "83% (gold)"  # (9 + 1) / (10 + 2)
+    assert rows["sure"][column] == "75% (agreement)"
+    assert rows["coin"][column] == f"{0.5 + 0.25 * 0.0125 / 0.1875:.0%} (agreement)"
+    assert rows["new"][column] == "75% (nothing known yet)"
 
 
 def test_the_pair_weights_reach_the_heads_loss_multiplied_into_the_graded_weights(monkeypatch):
