@@ -28,7 +28,7 @@ from annotate.store.sql import now
 from annotate.ui_session import PRIVATE_EVENT, AppConfig, Session, signed_in_name
 
 AGREEMENT_COLUMNS = ["annotator 1", "annotator 2", "pairs", "agreement", "kappa"]
-PEOPLE_COLUMN_WIDTHS = ["10%", "5%", "5%", "10%", "6%", "9%", "6%", "10%", "10%", "10%", "19%"]
+PEOPLE_COLUMN_WIDTHS = ["9%", "5%", "5%", "9%", "5%", "8%", "5%", "9%", "9%", "9%", "8%", "19%"]
 """The people table's columns (annotate.people.PEOPLE_COLUMNS): wide enough that an empty one keeps its header
 readable, the widest for the reason someone looks careless."""
 PEOPLE_FOR_ADMINS = "The per-annotator table is shown to admins (sign in as one on the Annotate tab)."
@@ -102,6 +102,8 @@ class DashboardHandlers:
                "50%. Agreement: with the others who voted on the same pairs. Dawid-Skene: accuracy on pairs with two " \
                "or more a/b votes. Gold: on pairs an admin marked (--gold). Reward model: the share of their votes " \
                "that a head fitted on everyone else's votes agrees with (a coin's: half), as of the last round. " \
+               "Accuracy for weighting: what [votes] weighting = \"reliability\" weighs their votes by (a coin's " \
+               "50% weighs nothing), from gold, else Dawid-Skene, else that agreement. " \
                "Looks careless: a reason to look, not a verdict; python app.py --exclude NAME leaves someone's votes " \
                "out of the next rounds."
         return note, pd.DataFrame(rows, columns=PEOPLE_COLUMNS)

@@ -15,13 +15,13 @@ import app
 from annotate import dashboard_panels
 from annotate.agreement import agreement_report
 from annotate.metrics import HISTORY, PPO_STEP, Metric
-from annotate.people import people, people_rows
+from annotate.people import PEOPLE_COLUMNS, people, people_rows
 from annotate.plots import HEIGHT, Panel, Series, nice_ticks, panel_svg, tick_text
 from annotate.records import Vote
 from annotate.simulate import resolve_judge, simulate_votes
 from annotate.statistics import binomial_two_sided_p, wilson_interval
 from annotate.store import Store
-from annotate.ui_dashboard import PEOPLE_FOR_ADMINS, DashboardHandlers
+from annotate.ui_dashboard import PEOPLE_COLUMN_WIDTHS, PEOPLE_FOR_ADMINS, DashboardHandlers
 from annotate.ui_session import AppConfig, Session
 from tests.test_round import tiny_settings
 
@@ -196,3 +196,8 @@ def test_the_round_report_shows_in_a_sandboxed_frame_with_its_answers(demo_db):
     assert all(html.escape(answer.prompt, quote=False) in page for answer in kept.answers)
     with Store(":memory:") as empty:
         assert "No round report yet" in DashboardHandlers(empty, AppConfig()).refresh().report
+
+
+def test_the_people_table_has_one_width_a_column_summing_to_the_whole_table():
+    assert len(PEOPLE_COLUMN_WIDTHS) == len(PEOPLE_COLUMNS)
+    assert sum(int(width.rstrip("%")) for width in PEOPLE_COLUMN_WIDTHS) == 100
