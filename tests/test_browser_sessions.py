@@ -56,8 +56,11 @@ def votes(db) -> list[tuple[int, str]]:
 
 
 def wait_for_text(page, selector: str, text: str, timeout: int = 30_000) -> None:
+    """Polled every 250 ms, not on animation frames (Playwright's default): across the server restart headless
+    Chromium stopped running frames, and a clean clone's run waited out 90 s with the text already on the page."""
     page.wait_for_function("([selector, text]) => { const el = document.querySelector(selector);"
-                           " return el && el.innerText.includes(text); }", arg=[selector, text], timeout=timeout)
+                           " return el && el.innerText.includes(text); }", arg=[selector, text], timeout=timeout,
+                           polling=250)
 
 
 def test_a_session_survives_a_reload_and_a_server_restart_and_says_when_it_ended(browser, server, tmp_path):
