@@ -86,7 +86,8 @@ def test_gold_and_dawid_skene_outrank_agreement_in_a_voters_accuracy():
 def test_the_people_table_shows_each_voters_accuracy_for_weighting_and_its_source():
     cast = [Vote(i, i, name, "a", True, 5.0, "") for i, name in enumerate(["gold"] * 3 + ["sure", "coin", "new"])]
     agreement = {"sure": (70, 100), "coin": (50, 100)}  # e 0.2 and 0: mean 0.1, tau^2 0.02 - 0.0025, factor 0.875
-    rows = {row[0]: row for row in people_rows(people(cast, AgreementReport(0, 0, None, None), {"gold": (9, 10)}, agreement))}
+    persons = people(cast, AgreementReport(0, 0, None, None), {"gold": (9, 10)}, agreement)
+    rows = {row[0]: row for row in people_rows(persons)}
     column = PEOPLE_COLUMNS.index("accuracy for weighting (from)")
     assert rows["gold"][column] == "83% (gold)"  # (9 + 1) / (10 + 2)
     assert rows["sure"][column] == "75% (agreement)"
