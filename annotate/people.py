@@ -9,7 +9,7 @@ with several a/b votes (annotate.reliability), with its Wilson interval and n. A
 share of their a/b votes that a head fitted on everyone else's votes agrees with (rlhf.reward.annotator_agreement),
 as the last round that measured it recorded; on pairs one person voted on, the only check of their votes. Accuracy
 for weighting: the one `[votes] weighting = "reliability"` weighs their votes by, and which of gold, Dawid-Skene or
-that agreement it comes from (annotate.reliability.voter_accuracy_sources).
+that agreement it comes from, bounded by an established side bias (annotate.reliability.voter_accuracy_sources).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from annotate.agreement import AgreementReport
 from annotate.metrics import PEOPLE_MODEL_AGREEMENT
 from annotate.records import Vote
-from annotate.reliability import (UNKNOWN_ACCURACY, AnnotatorReliability, dawid_skene, labels_from_votes,
-                                  voter_accuracy_sources)
+from annotate.reliability import (SIDE_BIAS_P, SIDE_BIAS_VOTES, UNKNOWN_ACCURACY, AnnotatorReliability, dawid_skene,
+                                  labels_from_votes, picked_left, side_counts, voter_accuracy_sources)
 from annotate.statistics import binomial_two_sided_p, wilson_interval
 
 
@@ -57,9 +57,11 @@ class Person:
     """...of this many (0: not measured)."""
     weighting_accuracy: float = UNKNOWN_ACCURACY
     """The accuracy `[votes] weighting = "reliability"` weighs their votes by (annotate.reliability.voter_accuracies):
-    from gold, else Dawid-Skene, else the agreement above; UNKNOWN_ACCURACY when none is known..."""
+    from gold, else Dawid-Skene, else the agreement above, capped by a side bias; UNKNOWN_ACCURACY when none is
+    known..."""
     weighting_source: str = ""
-    """...and which of those it came from ("gold", "Dawid-Skene", "agreement"; "" for none)."""
+    """...and which of those it came from ("gold", "Dawid-Skene", "agreement", "side bias", or one of the first three
+    "capped by side bias"; "" for none: annotate.reliability.voter_accuracy_sources)."""
 
     @property
     def gold_accuracy(self) -> float | None:
@@ -72,11 +74,6 @@ class Person:
     @property
     def left_share(self) -> float | None:
         return self.left_picks / self.ab_votes if self.ab_votes else None
-
-
-def picked_left(vote: Vote) -> bool:
-    """Whether an a/b vote picked the answer the screen showed on the left."""
-    return (vote.choice == "a") == bool(vote.a_on_left)
 
 
 def people(votes: list[Vote], agreement: AgreementReport, gold: dict[str, tuple[int, int]] | None = None,
@@ -93,7 +90,7 @@ def people(votes: list[Vote], agreement: AgreementReport, gold: dict[str, tuple[
             shared[name] = (items + pair.items, agreeing + pair.percent * pair.items)
     fit = dawid_skene(labels_from_votes(votes))
     reliability = fit.annotators
-    weighting = voter_accuracy_sources(fit, gold or {}, model_agreement)
+    weighting = voter_accuracy_sources(fit, gold or {}, model_agreement, side_counts(votes))
     rows = []
     for name, own in by_name.items():
         ab = [vote for vote in own if vote.choice in ("a", "b")]
@@ -126,10 +123,6 @@ PEOPLE_COLUMNS = ["annotator", "votes", "a/b votes", "left picks (95% interval)"
                   "gold accuracy (95%, n)", "agreement with the reward model (95%, n)",
                   "accuracy for weighting (from)", "looks careless"]
 
-FLAG_SIDE_P = 0.001
-"""A side bias is flagged below this two-sided binomial p (a careful person is flagged by chance once in 1,000)..."""
-FLAG_SIDE_VOTES = 20
-"""...once they have cast this many a/b votes: 20 left picks in a row give p = 2e-6."""
 FLAG_MEDIAN_SECONDS = 1.5
 """A median time on a pair below this (no one reads two answers in it) is flagged..."""
 FLAG_SPEED_VOTES = 10
@@ -152,7 +145,7 @@ def careless_reason(person: Person) -> str:
     The thresholds (FLAG_*) keep a careful person's chance of a flag small; a flag is a reason to look, not a verdict.
     """
     reasons = []
-    if person.ab_votes >= FLAG_SIDE_VOTES and person.left_p < FLAG_SIDE_P:
+    if person.ab_votes >= SIDE_BIAS_VOTES and person.left_p < SIDE_BIAS_P:
         side, share = ("left", person.left_share) if person.left_share > 0.5 else ("right", 1 - person.left_share)
         reasons.append(f"picks the {side} answer in {share:.0%} of {person.ab_votes} a/b votes (p = "
                        f"{person.left_p:.1g})")

@@ -50,7 +50,7 @@ import random
 from dataclasses import dataclass, replace
 
 from annotate.records import Vote
-from annotate.statistics import wilson_interval
+from annotate.statistics import binomial_two_sided_p, wilson_interval
 
 Labels = dict[int, dict[str, bool]]
 """pair id -> {annotator: True when they said gen_a is better, False for gen_b}."""
@@ -182,24 +182,71 @@ ACCURACY_BOUNDS = (0.05, 0.95)
 """Accuracies are kept inside these so that no single vote is certain (an infinite log-odds)."""
 
 
+SIDE_BIAS_P = 0.001
+"""A voter's left picks establish a side bias below this two-sided binomial p against half (a careful person's do so
+by chance once in 1,000): the people table flags them and weighting discounts their votes (side_click_share)..."""
+SIDE_BIAS_VOTES = 20
+"""...once they have cast this many a/b votes: 20 left picks in a row give p = 2e-6."""
+
+
+def picked_left(vote: Vote) -> bool:
+    """Whether an a/b vote picked the answer the screen showed on the left."""
+    return (vote.choice == "a") == bool(vote.a_on_left)
+
+
+def side_counts(votes: list[Vote]) -> dict[str, tuple[int, int]]:
+    """Per voter (a/b votes that picked the left answer, a/b votes)."""
+    counts: dict[str, tuple[int, int]] = {}
+    for vote in votes:
+        if vote.choice in ("a", "b"):
+            left, n = counts.get(vote.annotator, (0, 0))
+            counts[vote.annotator] = (left + picked_left(vote), n + 1)
+    return counts
+
+
+def side_click_share(left: int, n: int) -> float:
+    """The share s of a voter's a/b votes that clicked a side whatever the answers, from `left` left picks of `n`:
+    s = |2 left / n - 1| once the bias is established (SIDE_BIAS_VOTES votes, binomial p under SIDE_BIAS_P), else 0.
+    The store draws each showing's side at random, so a side click is right half the time: a voter who clicks a side
+    on a share s of their votes and reads the answers on the rest, with accuracy p there, picks the left answer on
+    s + (1 - s) / 2 of their votes (for a left bias) and is right on 1/2 + (1 - s)(p - 1/2) of them."""
+    if n < SIDE_BIAS_VOTES or binomial_two_sided_p(left, n) >= SIDE_BIAS_P:
+        return 0.0
+    return abs(2 * left / n - 1)
+
+
 def voter_accuracies(fit: DawidSkeneFit, gold: dict[str, tuple[int, int]],
-                     agreement: dict[str, tuple[int, int]] | None = None) -> dict[str, float]:
+                     agreement: dict[str, tuple[int, int]] | None = None,
+                     sides: dict[str, tuple[int, int]] | None = None) -> dict[str, float]:
     """Each voter's accuracy for weighting (voter_accuracy_sources without the sources)."""
-    return {name: accuracy for name, (accuracy, _) in voter_accuracy_sources(fit, gold, agreement).items()}
+    return {name: accuracy for name, (accuracy, _) in voter_accuracy_sources(fit, gold, agreement, sides).items()}
 
 
 def voter_accuracy_sources(fit: DawidSkeneFit, gold: dict[str, tuple[int, int]],
-                           agreement: dict[str, tuple[int, int]] | None = None) -> dict[str, tuple[float, str]]:
+                           agreement: dict[str, tuple[int, int]] | None = None,
+                           sides: dict[str, tuple[int, int]] | None = None) -> dict[str, tuple[float, str]]:
     """Each voter's (accuracy for weighting, where it comes from): their gold accuracy ((right + 1) / (judged + 2))
     from MIN_ESTIMATE_VOTES gold votes ("gold"), else their Dawid-Skene accuracy from as many shared a/b votes
     ("Dawid-Skene"), else what their `agreement` with a head that never saw their votes says (agreement_accuracies,
-    "agreement"); voters with none are left out (they take UNKNOWN_ACCURACY)."""
+    "agreement"); voters with none are left out (they take UNKNOWN_ACCURACY). `sides` (side_counts) then bound
+    each: a voter who clicks a side on a share s > 0 of their votes (side_click_share) is right on at most
+    1/2 + (1 - s) / 2 of them, whatever an estimate from few votes says ("..., capped by side bias"), and one with no
+    other estimate takes 1/2 + (1 - s)(UNKNOWN_ACCURACY - 1/2) ("side bias"): from their first SIDE_BIAS_VOTES
+    votes, without gold or a round's agreement, an always-left voter's votes weigh nothing."""
     sources = {name: (accuracy, "agreement") for name, accuracy in agreement_accuracies(agreement or {}).items()}
     sources.update({name: (estimate.accuracy, "Dawid-Skene") for name, estimate in fit.annotators.items()
                     if estimate.n >= MIN_ESTIMATE_VOTES})
     for name, (right, judged) in gold.items():
         if judged >= MIN_ESTIMATE_VOTES:
             sources[name] = ((right + 1) / (judged + 2), "gold")
+    for name, (left, n) in (sides or {}).items():
+        share = side_click_share(left, n)
+        if share <= 0:
+            continue
+        if name not in sources:
+            sources[name] = (0.5 + (1 - share) * (UNKNOWN_ACCURACY - 0.5), "side bias")
+        elif sources[name][0] > 0.5 + (1 - share) / 2:
+            sources[name] = (0.5 + (1 - share) / 2, f"{sources[name][1]}, capped by side bias")
     return sources
 
 
@@ -269,8 +316,10 @@ def _log_odds(accuracies: dict[str, float], name: str) -> float:
 
 def reliability_weighted(store, preferences: list, agreement: dict[str, tuple[int, int]] | None = None) -> list:
     """`weighted_preferences` of the store's preferences, on its counted votes (excluded annotators' left out), its
-    Dawid-Skene fit, its gold results and `agreement` (the last round's people/model_agreement, if any)."""
+    Dawid-Skene fit, its gold results, `agreement` (the last round's people/model_agreement, if any) and each voter's
+    side picks."""
     excluded = set(store.excluded_annotators())
     votes = [vote for vote in store.votes() if vote.annotator not in excluded]
-    accuracies = voter_accuracies(dawid_skene(labels_from_votes(votes)), store.gold_results(), agreement)
+    accuracies = voter_accuracies(dawid_skene(labels_from_votes(votes)), store.gold_results(), agreement,
+                                  side_counts(votes))
     return weighted_preferences(preferences, votes, accuracies, frozenset(store.gold_pair_ids()))

@@ -17,8 +17,9 @@ Each member's agreement with a head fitted on the other members' votes (rlhf.rew
 people table's "agreement with the reward model") is measured on their first 50 votes: `model_agreement` holds its
 mean per kind of member (careful, random, left) over the runs. Flags (annotate.people.careless_reason) are read on
 each member's first 50 votes, gold votes and that agreement: flagged (careless members flagged), missed (careless
-not flagged) and false_flags (careful members flagged), summed over the seeds. Prints a table and ends with one JSON
-line.
+not flagged) and false_flags (careful members flagged, each with its reason in false_flag_reasons), summed over the
+seeds. Both weightings also read each member's side picks over all their votes (annotate.reliability.side_counts):
+an always-left member's accuracy is capped at a coin's. Prints a table and ends with one JSON line.
 
     python bench/team_votes.py --annotators formal,concise --seeds 5 --careful-votes 150,300
 """
@@ -38,7 +39,7 @@ import torch
 
 from annotate.people import Person, careless_reason
 from annotate.records import Preference, Vote
-from annotate.reliability import voter_accuracies, weighted_preferences, DawidSkeneFit
+from annotate.reliability import DawidSkeneFit, side_counts, voter_accuracies, weighted_preferences
 from annotate.simulate import resolve_judge
 from annotate.statistics import binomial_two_sided_p
 from bench.machine import describe_machine, machine_line
@@ -84,10 +85,12 @@ def gold_results(args, rng: random.Random) -> dict[str, tuple[int, int]]:
 
 
 def weights_of(votes: list[tuple], gold: dict, agreement: dict | None = None) -> list[float]:
-    """annotate.reliability's weight of each single-vote pair, given the members' gold results and agreement."""
+    """annotate.reliability's weight of each single-vote pair, given the members' gold results, agreement and side
+    picks (as a round reads them: over every vote)."""
     preferences = [Preference(i, "", "chosen", "rejected", 1, "sample") for i, *_ in votes]
-    cast = [Vote(k, i, member, "a", True, None, "") for k, (i, member, *_ ) in enumerate(votes)]
-    accuracies = voter_accuracies(DawidSkeneFit({}, {}, 0, True), gold, agreement)
+    cast = [Vote(k, i, member, "a" if says_a else "b", a_on_left, None, "")
+            for k, (i, member, says_a, a_on_left) in enumerate(votes)]
+    accuracies = voter_accuracies(DawidSkeneFit({}, {}, 0, True), gold, agreement, side_counts(cast))
     return [p.weight for p in weighted_preferences(preferences, cast, accuracies)]
 
 
@@ -150,6 +153,7 @@ def run_seed(data: CurveData, seed: int, n_careful: int, args) -> dict:
                                          evaluation, seed),
             "votes": len(votes), "flagged": sum(bool(reasons[m]) for m in CARELESS),
             "missed": sum(not reasons[m] for m in CARELESS), "false_flags": sum(bool(reasons[m]) for m in CAREFUL),
+            "false_flag_reasons": [f"seed {seed}, {m}: {reasons[m]}" for m in CAREFUL if reasons[m]],
             "agreement": {"careful": [share[m] for m in CAREFUL if share[m] is not None],
                           "random": [share["random"]] if share["random"] is not None else [],
                           "left": [share["left"]] if share["left"] is not None else []}}
@@ -173,7 +177,7 @@ def main() -> int:
     print(machine_line(describe_machine()), flush=True)
     rows = pooled_answers(4, 64, [0, 1])
     index, features = load_features(rows, args.model, "n4-t64-s0,1", features=(FEATURE,))
-    result = {**{key: [] for key in LABELINGS}, "flagged": 0, "missed": 0, "false_flags": 0}
+    result = {**{key: [] for key in LABELINGS}, "flagged": 0, "missed": 0, "false_flags": 0, "false_flag_reasons": []}
     agreement = {"careful": [], "random": [], "left": []}
     for annotator in args.annotators.split(","):
         data = CurveData(rows, index, features, resolve_judge(annotator))
@@ -186,12 +190,15 @@ def main() -> int:
                 result[key].extend(r[key] for r in runs)
             for key in ("flagged", "missed", "false_flags"):
                 result[key] += sum(r[key] for r in runs)
+            for reason in (reason for r in runs for reason in r["false_flag_reasons"]):
+                print(f"  careful member flagged ({annotator}, {n} careful votes): {reason}", flush=True)
+                result["false_flag_reasons"].append(f"{annotator} {n}, {reason}")
             for kind in agreement:
                 agreement[kind].extend(share for r in runs for share in r["agreement"][kind])
             print("  agreement with a head fitted on the others' votes, first 50 votes: " + ", ".join(
                 f"{kind} {statistics.fmean(s for r in runs for s in r['agreement'][kind]):.1%}" for kind in agreement))
     summary = {key: statistics.fmean(result[key]) for key in LABELINGS}
-    print(json.dumps({**summary, **{k: result[k] for k in ("flagged", "missed", "false_flags")},
+    print(json.dumps({**summary, **{k: result[k] for k in ("flagged", "missed", "false_flags", "false_flag_reasons")},
                       "model_agreement": {kind: statistics.fmean(shares) for kind, shares in agreement.items()},
                       "annotators": args.annotators, "seeds": args.seeds, "careful_votes": args.careful_votes,
                       "careless_share": args.careless_share, "gold": args.gold}))

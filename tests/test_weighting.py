@@ -13,7 +13,8 @@ from annotate.agreement import AgreementReport
 from annotate.people import PEOPLE_COLUMNS, people, people_rows
 from annotate.records import Preference, Vote
 from annotate.reliability import (UNKNOWN_ACCURACY, AnnotatorReliability, DawidSkeneFit, agreement_accuracies,
-                                  voter_accuracies, voter_accuracy_sources, weighted_preferences)
+                                  side_click_share, side_counts, voter_accuracies, voter_accuracy_sources,
+                                  weighted_preferences)
 from rlhf.reward import bt_head, strategies
 from rlhf.reward.config import StrategyConfig, VotesConfig
 
@@ -81,6 +82,57 @@ def test_gold_and_dawid_skene_outrank_agreement_in_a_voters_accuracy():
     sources = voter_accuracy_sources(fit, {"gold": (18, 20)}, agreement)
     assert {name: source for name, (_, source) in sources.items()} == \
         {"ds": "Dawid-Skene", "gold": "gold", "coin": "agreement", "sure": "agreement"}
+
+
+def test_the_share_of_side_clicks_worked_out_by_hand():
+    assert side_click_share(20, 20) == 1.0  # p = 2 / 2^20: all left
+    assert side_click_share(1, 20) == pytest.approx(0.9)  # p = 2 x 21 / 2^20 = 4e-5: |2 / 20 - 1|
+    assert side_click_share(15, 20) == 0.0  # p = 2 x 0.0207 = 0.041: no bias established
+    assert side_click_share(19, 19) == 0.0  # under 20 a/b votes
+    assert side_click_share(70, 100) == pytest.approx(0.4)  # p = 8e-5
+    cast = [Vote(1, 1, "x", "a", True, None, ""), Vote(2, 2, "x", "b", True, None, ""),
+            Vote(3, 3, "x", "b", False, None, ""), Vote(4, 4, "x", "tie", True, None, "")]
+    assert side_counts(cast) == {"x": (2, 3)}  # a shown left, b shown right; the tie says nothing
+
+
+def test_a_side_bias_sets_an_unknown_voters_accuracy_and_caps_a_known_ones():
+    fit = DawidSkeneFit({"ds": AnnotatorReliability("ds", 0.8, 0.6, 0.9, 12, 9.6)}, {}, 5, True)
+    agreement = {"sure": (70, 100), "coin": (50, 100)}  # 0.75 and 0.5 + 0.25 / 15 (the people-table test below)
+    sides = {"left": (20, 20), "half": (1, 20), "ds": (80, 100), "sure": (20, 20), "coin": (50, 100)}
+    sources = voter_accuracy_sources(fit, {}, agreement, sides)
+    assert sources["left"] == (0.5, "side bias")  # s = 1: a coin
+    assert sources["half"] == (pytest.approx(0.5 + 0.1 * 0.25), "side bias")  # s = 0.9 of UNKNOWN_ACCURACY's excess
+    assert sources["ds"] == (pytest.approx(0.5 + 0.4 / 2), "Dawid-Skene, capped by side bias")  # s = 0.6: 0.7 at most
+    assert sources["sure"] == (0.5, "agreement, capped by side bias")
+    assert sources["coin"] == (pytest.approx(0.5 + 0.25 / 15), "agreement")  # 50 of 100 left: no bias, no cap
+    assert voter_accuracies(fit, {}, None, {"ds": (70, 100)}) == {"ds": 0.8}  # s = 0.4: at most 0.8, not above
+    assert voter_accuracies(fit, {}, None, {"ds": (55, 100)}) == {"ds": 0.8}  # p = 0.37: no bias established
+
+
+def test_the_round_weighs_an_always_left_voters_votes_nothing_from_their_20th_vote(tmp_path):
+    from annotate.store import Store
+    from loop.config_files import load_config
+    from loop.round_plan import plan_round
+
+    store = Store(tmp_path / "l.db")
+    store.add_prompts([f"Question {i}?" for i in range(22)], source="test")
+    base = store.ensure_base_policy("base")
+    for prompt in range(1, 23):
+        gen_a, gen_b = (store.add_generation(prompt, base.id, f"{side}{prompt}", 2, "eos") for side in "ab")
+        pair = store.add_pair(prompt, gen_a, gen_b, kind="sample")
+        if prompt <= 20:  # the left answer every time, gen_a shown left on odd prompts
+            store.record_vote(pair, "left", "a" if prompt % 2 else "b", a_on_left=bool(prompt % 2))
+        else:
+            store.record_vote(pair, "careful", "a", a_on_left=prompt % 2 == 0)
+    config = load_config(None, ["round.min_new_pairs=1", f"round.checkpoints_dir={tmp_path / 'c'}",
+                                "votes.weighting=reliability", "promotion.rule=always"])
+    plan = plan_round(store, "base", config, log=lambda message: None)
+    weights = {p.pair_id: p.weight for p in plan.preferences}
+    # left: 20 of 20 left picks, accuracy 1/2, weight 0; careful: UNKNOWN_ACCURACY, 2 x 0.75 - 1 = 0.5 each,
+    # scaled so that the 22 weights have mean 1: 11 each
+    assert [weights[pair] for pair in range(1, 21)] == [0.0] * 20
+    assert [weights[21], weights[22]] == pytest.approx([11.0, 11.0])
+    store.close()
 
 
 def test_the_people_table_shows_each_voters_accuracy_for_weighting_and_its_source():
