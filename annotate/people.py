@@ -61,7 +61,8 @@ class Person:
     known..."""
     weighting_source: str = ""
     """...and which of those it came from ("gold", "Dawid-Skene", "agreement", "side bias", or one of the first three
-    "capped by side bias"; "" for none: annotate.reliability.voter_accuracy_sources)."""
+    "capped by side bias"; "" for none: annotate.reliability.voter_accuracy_sources; "excluded" for one an admin
+    excluded, whose votes weigh nothing)."""
 
     @property
     def gold_accuracy(self) -> float | None:
@@ -77,9 +78,12 @@ class Person:
 
 
 def people(votes: list[Vote], agreement: AgreementReport, gold: dict[str, tuple[int, int]] | None = None,
-           model_agreement: dict[str, tuple[int, int]] | None = None) -> list[Person]:
+           model_agreement: dict[str, tuple[int, int]] | None = None,
+           excluded: frozenset[str] = frozenset()) -> list[Person]:
     """Every annotator who voted, most votes first; `gold`: Store.gold_results(), per name (right, judged);
-    `model_agreement`: per name (agreeing, judged), as `recorded_model_agreement` reads it."""
+    `model_agreement`: per name (agreeing, judged), as `recorded_model_agreement` reads it; `excluded`: the names an
+    admin excluded. Their figures are shown as for anyone, but the accuracy for weighting is what a round weighs by:
+    on the counted votes alone, and none for the excluded (their source is "excluded")."""
     by_name: dict[str, list[Vote]] = {}
     for vote in votes:
         by_name.setdefault(vote.annotator, []).append(vote)
@@ -90,7 +94,11 @@ def people(votes: list[Vote], agreement: AgreementReport, gold: dict[str, tuple[
             shared[name] = (items + pair.items, agreeing + pair.percent * pair.items)
     fit = dawid_skene(labels_from_votes(votes))
     reliability = fit.annotators
-    weighting = voter_accuracy_sources(fit, gold or {}, model_agreement, side_counts(votes))
+    counted = [vote for vote in votes if vote.annotator not in excluded]
+    counted_fit = dawid_skene(labels_from_votes(counted)) if excluded else fit
+    counted_gold = {name: result for name, result in (gold or {}).items() if name not in excluded}
+    weighting = voter_accuracy_sources(counted_fit, counted_gold, model_agreement, side_counts(counted))
+    weighting.update({name: (0.0, "excluded") for name in excluded})
     rows = []
     for name, own in by_name.items():
         ab = [vote for vote in own if vote.choice in ("a", "b")]
@@ -113,9 +121,11 @@ def recorded_model_agreement(rounds: list) -> dict[str, tuple[int, int]]:
     return {}
 
 
-def store_people(store) -> list[Person]:
-    """`people` over a store now: its votes, agreement, gold results and the last round's model agreement."""
-    return people(store.votes(), store.agreement(), store.gold_results(), recorded_model_agreement(store.rounds()))
+def store_people(store, agreement: AgreementReport | None = None) -> list[Person]:
+    """`people` over a store now: its votes, agreement (`agreement` when the caller has read it), gold results, the
+    last round's model agreement and its exclusions."""
+    return people(store.votes(), agreement if agreement is not None else store.agreement(), store.gold_results(),
+                  recorded_model_agreement(store.rounds()), frozenset(store.excluded_annotators()))
 
 
 PEOPLE_COLUMNS = ["annotator", "votes", "a/b votes", "left picks (95% interval)", "p (left vs half)",
@@ -189,7 +199,8 @@ def people_rows(rows: list[Person]) -> list[list]:
         model = "" if person.model_agreement is None else \
             f"{person.model_agreement:.0%} ({_interval_text(person.model_agreement, person.model_judged)}, " \
             f"n={person.model_judged})"
-        weighting = f"{person.weighting_accuracy:.0%} ({person.weighting_source or 'nothing known yet'})"
+        weighting = "excluded: not trained on" if person.weighting_source == "excluded" else \
+            f"{person.weighting_accuracy:.0%} ({person.weighting_source or 'nothing known yet'})"
         table.append([person.name, person.votes, person.ab_votes, left, f"{person.left_p:.3g}", agreement, seconds,
                       accuracy, gold, model, weighting, careless_reason(person)])
     return table

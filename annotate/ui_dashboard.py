@@ -18,7 +18,7 @@ import pandas as pd
 
 from annotate import dashboard_panels as panels
 from annotate.disk import disk_line, named_checkpoints
-from annotate.people import PEOPLE_COLUMNS, people, people_rows, recorded_model_agreement
+from annotate.people import PEOPLE_COLUMNS, people_rows, store_people
 from annotate.promotion import refresh_promotions
 from annotate.records import WinRate
 from annotate.plots import panels_html
@@ -96,8 +96,7 @@ class DashboardHandlers:
         name = signed_in_name(session, request, self.config)
         if name is None or not self.store.is_admin(name):
             return PEOPLE_FOR_ADMINS, pd.DataFrame(columns=PEOPLE_COLUMNS)
-        rows = people_rows(people(self.store.votes(), agreement, self.store.gold_results(),
-                                  recorded_model_agreement(self.store.rounds())))
+        rows = people_rows(store_people(self.store, agreement))
         note = "Left picks: a/b votes for the answer shown on the left; p: the chance of so many or so few at a fair " \
                "50%. Agreement: with the others who voted on the same pairs. Dawid-Skene: accuracy on pairs with two " \
                "or more a/b votes. Gold: on pairs an admin marked (--gold). Reward model: the share of their votes " \

@@ -147,6 +147,22 @@ def test_the_people_table_shows_each_voters_accuracy_for_weighting_and_its_sourc
     assert rows["new"][column] == "75% (nothing known yet)"
 
 
+def test_the_people_tables_accuracy_for_weighting_leaves_the_excluded_out_as_a_round_does():
+    # a and x on 12 pairs, x always against a: with x, Dawid-Skene starts from tied pairs (T = 1/2) and stays there,
+    # a's accuracy (6 + 1) / (12 + 2) = 1/2 over 12 shared votes; without x, a's pairs have one vote each: nothing
+    cast = [Vote(2 * pair + k, pair, name, "a" if name == "a" else "b", pair % 2 == 0, 5.0, "")
+            for pair in range(12) for k, name in enumerate(("a", "x"))]
+    column = PEOPLE_COLUMNS.index("accuracy for weighting (from)")
+    everyone = {row[0]: row for row in people_rows(people(cast, AgreementReport(0, 0, None, None)))}
+    assert everyone["a"][column] == "50% (Dawid-Skene)"
+    rows = {row[0]: row for row in people_rows(people(cast, AgreementReport(0, 0, None, None), {"x": (0, 10)}, {},
+                                                      frozenset({"x"})))}
+    assert rows["a"][column] == "75% (nothing known yet)"  # as a round reads a's votes once x is excluded
+    assert rows["x"][column] == "excluded: not trained on"
+    assert rows["x"][PEOPLE_COLUMNS.index("Dawid-Skene accuracy (95%, n)")].startswith("50% (")  # still shown
+    assert rows["x"][PEOPLE_COLUMNS.index("gold accuracy (95%, n)")].startswith("0% (")
+
+
 def test_the_pair_weights_reach_the_heads_loss_multiplied_into_the_graded_weights(monkeypatch):
     seen = {}
     real_fit, real_boot = bt_head.fit_head, bt_head.fit_bootstrap_heads
