@@ -18,10 +18,10 @@ import statistics
 from dataclasses import dataclass
 
 from annotate.agreement import AgreementReport
-from annotate.metrics import PEOPLE_MODEL_AGREEMENT
 from annotate.records import Vote
 from annotate.reliability import (SIDE_BIAS_P, SIDE_BIAS_VOTES, UNKNOWN_ACCURACY, AnnotatorReliability, dawid_skene,
-                                  labels_from_votes, picked_left, side_counts, voter_accuracy_sources)
+                                  labels_from_votes, picked_left, recorded_model_agreement, side_counts,
+                                  voter_accuracy_sources)
 from annotate.statistics import binomial_two_sided_p, wilson_interval
 
 
@@ -110,15 +110,6 @@ def people(votes: list[Vote], agreement: AgreementReport, gold: dict[str, tuple[
                            reliability.get(name), *(gold or {}).get(name, (0, 0)),
                            *(model_agreement or {}).get(name, (0, 0)), *weighting.get(name, (UNKNOWN_ACCURACY, ""))))
     return sorted(rows, key=lambda person: (-person.votes, person.name))
-
-
-def recorded_model_agreement(rounds: list) -> dict[str, tuple[int, int]]:
-    """Per annotator (agreeing, judged) from the newest of `rounds` (Store.rounds()) that measured it; {} if none."""
-    for round_ in sorted(rounds, key=lambda r: r.id, reverse=True):
-        measured = round_.metrics.get(PEOPLE_MODEL_AGREEMENT)
-        if measured:
-            return {name: (int(agreeing), int(judged)) for name, (agreeing, judged) in measured.items()}
-    return {}
 
 
 def store_people(store, agreement: AgreementReport | None = None) -> list[Person]:

@@ -6,7 +6,9 @@ The rule ([promotion], loop.config.PromotionConfig), for a policy against the po
 2. With rule = "always" every policy is promoted (the loop before this rule).
 3. People, once `min_votes` judged votes (wins, losses, ties) are in on its versus pairs against its parent: promoted
    when its win rate (ties half) is at least `min_win_rate`. The point estimate decides, its 95% interval is shown:
-   with few votes the verdict is noisy either way, and a policy wrongly kept back costs a round, not the loop.
+   with few votes the verdict is noisy either way, and a policy wrongly kept back costs a round, not the loop. With
+   `[votes] weighting = "reliability"` each vote weighs what it does in training (annotate.reliability
+   .weighted_win_rates: a coin's votes nothing) and the judged votes are their effective number.
 4. Before that, the reward model: promoted when its held-out interval lies above chance and PPO's mean KL to the
    reference is at most `max_kl`; an unmeasured reward model (no held-out pair) promotes nothing.
 
@@ -22,6 +24,7 @@ from typing import Protocol
 
 from annotate.metrics import PPO_KL, RM_HELDOUT_ACCURACY, RM_HELDOUT_LOW, RM_HELDOUT_N, ROUND_POLICY_ID
 from annotate.records import Policy, Round, WinRate
+from annotate.reliability import store_voter_accuracies, weighted_win_rates
 
 OVERRIDES = ("promote", "reject")
 
@@ -88,7 +91,9 @@ def people_verdict(versus: WinRate, min_win_rate: float) -> PromotionDecision:
                "losses": versus.losses, "ties": versus.ties, "against": versus.opponent_id,
                "min_win_rate": min_win_rate}
     promoted = versus.win_rate >= min_win_rate
-    said = (f"people's votes: {versus.win_rate:.0%} ({low:.0%}-{high:.0%}) over {versus.judged} judged votes against "
+    counted = f"{versus.judged:g} judged votes" if float(versus.judged).is_integer() else \
+        f"{versus.judged:.1f} judged votes (effective, each weighed by its voter's reliability)"
+    said = (f"people's votes: {versus.win_rate:.0%} ({low:.0%}-{high:.0%}) over {counted} against "
             f"policy {versus.opponent_id}")
     return PromotionDecision(promoted, "people", f"{said}, {'at least' if promoted else 'below'} "
                              f"{min_win_rate:.0%}", numbers)
@@ -124,21 +129,34 @@ def evidence_for(policy: Policy, rounds: list[Round], win_rates: list[WinRate]) 
                              int(RM_HELDOUT_N.of(metrics) or 0), PPO_KL.of(metrics))
 
 
-def decide_for(store, policy: Policy, settings: PromotionSettings,
-               known: tuple[list[Round], list[WinRate]] | None = None) -> PromotionDecision:
+def store_win_rates(store, weighting: str = "majority") -> list[WinRate]:
+    """People's verdicts on the versus pairs as promotion reads them: the store's tallies, or with weighting
+    "reliability" each vote weighed by its voter's accuracy as a round's training weighs it."""
+    if weighting != "reliability":
+        return store.versus_win_rates()
+    return weighted_win_rates(store.versus_votes(), store_voter_accuracies(store))
+
+
+Known = tuple[list[Round], list[WinRate]]
+"""The store's rounds and versus verdicts, when a caller has read them."""
+
+
+def decide_for(store, policy: Policy, settings: PromotionSettings, known: Known | None = None,
+               weighting: str = "majority") -> PromotionDecision:
     """The decision on `policy` now, recorded in the store when it differs from the one recorded; `known`: the store's
-    rounds and versus tallies when the caller has read them."""
-    rounds, win_rates = known if known is not None else (store.rounds(), store.versus_win_rates())
+    rounds and versus verdicts (store_win_rates) when the caller has read them; `weighting`: [votes] weighting."""
+    rounds, win_rates = known if known is not None else (store.rounds(), store_win_rates(store, weighting))
     decision = decide(evidence_for(policy, rounds, win_rates), settings, policy.promotion_override)
     if decision.to_json() != policy.promotion or policy.promoted != int(decision.promoted):
         store.set_promotion(policy.id, decision.promoted, decision.to_json())
     return decision
 
 
-def refresh_promotions(store, settings: PromotionSettings) -> list[tuple[Policy, PromotionDecision]]:
+def refresh_promotions(store, settings: PromotionSettings,
+                       weighting: str = "majority") -> list[tuple[Policy, PromotionDecision]]:
     """Take the decision again for every policy made under promotion (past round 0, `promoted` recorded), on what the
-    store holds now; the ones whose verdict changed, with their new decision."""
-    known = (store.rounds(), store.versus_win_rates())
+    store holds now (`weighting`: [votes] weighting); the ones whose verdict changed, with their new decision."""
+    known = (store.rounds(), store_win_rates(store, weighting))
     changed = []
     for policy in store.policies():
         if policy.round == 0 or policy.promoted is None:

@@ -275,18 +275,30 @@ class VoteTexts:
 
 
 @dataclass(frozen=True)
-class WinRate:
-    """Human judgement of a policy against an earlier one, from `versus` pairs."""
+class VersusVote:
+    """One counted vote on a `versus` pair: "a" is a win of `policy_id` (the newer policy) over `opponent_id`."""
 
     policy_id: int
     opponent_id: int
-    wins: int = 0
-    losses: int = 0
-    ties: int = 0
-    both_bad: int = 0
+    annotator: str
+    choice: str
+
+
+@dataclass(frozen=True)
+class WinRate:
+    """Human judgement of a policy against an earlier one, from `versus` pairs: counts of votes (the store's tallies),
+    or, weighted by each voter's reliability (annotate.reliability.weighted_win_rates), sums of weights scaled to the
+    votes' effective number, so that `judged` is what the interval rests on."""
+
+    policy_id: int
+    opponent_id: int
+    wins: float = 0
+    losses: float = 0
+    ties: float = 0
+    both_bad: float = 0
 
     @property
-    def judged(self) -> int:
+    def judged(self) -> float:
         """Votes that judged one side against the other: wins, losses and ties (both bad judges neither)."""
         return self.wins + self.losses + self.ties
 

@@ -49,7 +49,8 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-from annotate.records import Vote
+from annotate.metrics import PEOPLE_MODEL_AGREEMENT
+from annotate.records import VersusVote, Vote, WinRate
 from annotate.statistics import binomial_two_sided_p, wilson_interval
 
 Labels = dict[int, dict[str, bool]]
@@ -308,18 +309,67 @@ def weighted_preferences(preferences: list, votes: list[Vote], accuracies: dict[
     return [replace(p, weight=p.weight * len(weighted) / total) for p in weighted] if total > 0 else weighted
 
 
-def _log_odds(accuracies: dict[str, float], name: str) -> float:
+def _bounded_accuracy(accuracies: dict[str, float], name: str) -> float:
+    """The voter's accuracy (UNKNOWN_ACCURACY if none is known) within ACCURACY_BOUNDS."""
     low, high = ACCURACY_BOUNDS
-    p = min(max(accuracies.get(name, UNKNOWN_ACCURACY), low), high)
+    return min(max(accuracies.get(name, UNKNOWN_ACCURACY), low), high)
+
+
+def _log_odds(accuracies: dict[str, float], name: str) -> float:
+    p = _bounded_accuracy(accuracies, name)
     return math.log(p / (1.0 - p))
 
 
-def reliability_weighted(store, preferences: list, agreement: dict[str, tuple[int, int]] | None = None) -> list:
-    """`weighted_preferences` of the store's preferences, on its counted votes (excluded annotators' left out), its
-    Dawid-Skene fit, its gold results, `agreement` (the last round's people/model_agreement, if any) and each voter's
-    side picks."""
+def vote_weight(accuracies: dict[str, float], name: str) -> float:
+    """A single vote's weight relative to a voter of whom nothing is known: (2 p - 1) / (2 UNKNOWN_ACCURACY - 1), p
+    their accuracy within ACCURACY_BOUNDS (the weight 2P - 1 of a pair with that one vote): 1 with nothing known, 0 for
+    a coin."""
+    return max(2 * _bounded_accuracy(accuracies, name) - 1, 0.0) / (2 * UNKNOWN_ACCURACY - 1)
+
+
+def weighted_win_rates(votes: list[VersusVote], accuracies: dict[str, float]) -> list[WinRate]:
+    """People's verdict on each (policy, opponent) with every vote weighted by its voter's vote_weight: wins, losses
+    and ties are the sums of their votes' weights times k = n_eff / W, W the judged votes' summed weight and
+    n_eff = W^2 / (sum of squared weights) their effective number (Kish), so that the win rate is the weighted share
+    and `judged` = n_eff is what its interval and promotion.min_votes read. Equal weights give the plain tallies
+    (k = 1); a pair of policies whose votes all weigh 0 has nothing judged."""
+    grouped: dict[tuple[int, int], list[tuple[str, float]]] = {}
+    for vote in votes:
+        grouped.setdefault((vote.policy_id, vote.opponent_id), []).append(
+            (vote.choice, vote_weight(accuracies, vote.annotator)))
+    rates = []
+    for (policy_id, opponent_id), weighted in sorted(grouped.items()):
+        judged = [w for choice, w in weighted if choice in ("a", "b", "tie")]
+        total, squares = sum(judged), sum(w * w for w in judged)
+        scale = total / squares if squares > 0 else 0.0  # n_eff / W = W / sum of squares
+        sums = {choice: scale * sum(w for c, w in weighted if c == choice) for choice in ("a", "b", "tie", "both_bad")}
+        rates.append(WinRate(policy_id, opponent_id, sums["a"], sums["b"], sums["tie"], sums["both_bad"]))
+    return rates
+
+
+def recorded_model_agreement(rounds: list) -> dict[str, tuple[int, int]]:
+    """Per annotator (agreeing, judged) from the newest of `rounds` (Store.rounds()) that measured it; {} if none."""
+    for round_ in sorted(rounds, key=lambda r: r.id, reverse=True):
+        measured = round_.metrics.get(PEOPLE_MODEL_AGREEMENT)
+        if measured:
+            return {name: (int(agreeing), int(judged)) for name, (agreeing, judged) in measured.items()}
+    return {}
+
+
+def store_voter_accuracies(store, votes: list[Vote] | None = None) -> dict[str, float]:
+    """voter_accuracies as a round weighs by: on the store's counted votes (`votes` when the caller has read them),
+    their Dawid-Skene fit, the gold results, the last round's agreement with a held-out head and the side picks."""
+    if votes is None:
+        excluded = set(store.excluded_annotators())
+        votes = [vote for vote in store.votes() if vote.annotator not in excluded]
+    return voter_accuracies(dawid_skene(labels_from_votes(votes)), store.gold_results(),
+                            recorded_model_agreement(store.rounds()), side_counts(votes))
+
+
+def reliability_weighted(store, preferences: list) -> list:
+    """`weighted_preferences` of the store's preferences, on its counted votes (excluded annotators' left out) and
+    their voters' accuracies (store_voter_accuracies)."""
     excluded = set(store.excluded_annotators())
     votes = [vote for vote in store.votes() if vote.annotator not in excluded]
-    accuracies = voter_accuracies(dawid_skene(labels_from_votes(votes)), store.gold_results(), agreement,
-                                  side_counts(votes))
-    return weighted_preferences(preferences, votes, accuracies, frozenset(store.gold_pair_ids()))
+    return weighted_preferences(preferences, votes, store_voter_accuracies(store, votes),
+                                frozenset(store.gold_pair_ids()))

@@ -125,7 +125,7 @@ class DashboardHandlers:
         """Everything the tab shows; without `with_report` the report and its picker are left as they are (None)."""
         stats = self.store.stats()
         if self.config.promotion is not None:  # votes since the last round may have promoted or held back its policy
-            refresh_promotions(self.store, self.config.promotion)
+            refresh_promotions(self.store, self.config.promotion, self.config.weighting)
         rounds, win_rates, policies = self.store.rounds(), self.store.versus_win_rates(), self.store.policies()
         by_annotator = pd.DataFrame(sorted(stats["votes_by_annotator"].items(), key=lambda item: -item[1]),
                                     columns=["annotator", "votes"])

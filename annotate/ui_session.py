@@ -48,6 +48,9 @@ class AppConfig:
     promotion: PromotionSettings | None = None
     """[promotion] (loop.config.PromotionConfig): the Dashboard takes each policy's promotion decision again on the
     votes in when it refreshes; None: it shows the decisions as last taken."""
+    weighting: str = "majority"
+    """[votes] weighting: with "reliability" the Dashboard's promotion decisions weigh each versus vote as training
+    does (annotate.promotion.store_win_rates)."""
     checkpoints_dir: Path | None = None
     """The database's checkpoint folder (<round.checkpoints_dir>/<db name>), whose size the Dashboard shows; None: the
     database's size alone."""

@@ -32,7 +32,7 @@ def list_policies(args, config: LoopConfig) -> int:
     """Every policy with its decision taken again on the votes in now; the current one starred. Exit 2 without a
     database."""
     with existing_store(config.app.db) as store:
-        refresh_promotions(store, config.promotion)
+        refresh_promotions(store, config.promotion, config.votes.weighting)
         current = store.current_policy()
         policies = store.policies()
     if not policies:
@@ -63,7 +63,7 @@ def promotion(args, config: LoopConfig) -> int:
             print("error: the base policy (round 0) is always promoted: it has nothing to decide.", file=sys.stderr)
             return 2
         store.set_promotion_override(policy.id, None if action == "auto" else action)
-        decision = decide_for(store, store.policy(policy.id), config.promotion)
+        decision = decide_for(store, store.policy(policy.id), config.promotion, weighting=config.votes.weighting)
         current = store.current_policy()
     print(f"Policy {policy.id}: {'promoted' if decision.promoted else 'a candidate'} ({decision.rule}: "
           f"{decision.reason}). The current policy is {current.id} (round {current.round}).")

@@ -147,7 +147,7 @@ def launch_app(config: LoopConfig, passwords: dict[str, str] | None) -> int:
         overlap=config.app.overlap, gold_share=config.app.gold_share, first_batch_pairs=settings.first_batch,
         max_prompt_chars=config.app.max_prompt_chars, max_answer_chars=config.app.max_answer_chars,
         checkpoints_dir=database_checkpoint_dir(config.round.checkpoints_dir, config.app.db),
-        promotion=config.promotion,
+        promotion=config.promotion, weighting=config.votes.weighting,
     )
     # Gradio recomputes a pandas summary of up to 10,000 recent events after every event (for its monitoring
     # page): with many votes that becomes the largest cost of a vote. Summarise once per 1000 events instead.

@@ -185,7 +185,7 @@ def fill_pair_queue(store: Store, config: LoopConfig, wanted: int, seeds: DemoSe
         waiting = store.pairs_waiting()
         if waiting >= wanted:
             return
-        refresh_promotions(store, config.promotion)
+        refresh_promotions(store, config.promotion, config.votes.weighting)
         current, newest = store.current_policy(), store.latest_policy()
         judge_path = policies.pair_judge_path(store)
         pair_judge = policies.load_pair_judge(judge_path, config.votes)  # not the annotator: the reward model
@@ -313,7 +313,7 @@ def promotion_outcome(store: Store, rows: list[dict], evaluation: Evaluation, co
     """Each row's `promoted` (the decision on the votes in at the demo's end: people judge a round's policy by the
     next round's start) and `current_win_rate` (the win rate against the first of the policy current after that
     round, with its interval), printed as one line a round."""
-    refresh_promotions(store, config.promotion)
+    refresh_promotions(store, config.promotion, config.votes.weighting)
     policies = store.policies()
     for row in rows:
         made = store.policy(row["policy_id"])

@@ -68,7 +68,8 @@ def generate_pair_batch(config: LoopConfig, n_pairs: int, versus_share: float, p
             print(f"app.py --generate-pairs: {db} holds no prompts yet. Import some first, for example the shipped "
                   "ones: python app.py --import-prompts data/prompts.jsonl", file=sys.stderr)
             return 2
-        refresh_promotions(store, config.promotion)  # the votes since the round may promote or hold back its policy
+        # the votes since the round may promote or hold back its policy
+        refresh_promotions(store, config.promotion, config.votes.weighting)
         policy, newest = store.ensure_base_policy(config.app.model), store.latest_policy()
         print(f"Generating {n_pairs} pairs from policy {policy.id} (round {policy.round}, {policy.path}), "
               f"{versus_share:.0%} versus pairs{_candidate_note(policy, newest)}, up to {sampling.max_new_tokens} "

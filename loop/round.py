@@ -181,7 +181,8 @@ def _finish(run: RoundRun, policy_id: int, reward_path: str | None, exclude_prom
 def _promotion_stage(run: RoundRun, policy_id: int) -> None:
     """The new policy promoted (it writes the next sample pairs and the next round starts from it) or kept a candidate
     on the evidence at the round's end, before people have voted on its versus pairs (annotate.promotion)."""
-    decision = decide_for(run.store, run.store.policy(policy_id), run.config.promotion)
+    decision = decide_for(run.store, run.store.policy(policy_id), run.config.promotion,
+                          weighting=run.config.votes.weighting)
     run.record({ROUND_PROMOTED.name: int(decision.promoted), ROUND_PROMOTION: asdict(decision)})
     verdict = "promoted" if decision.promoted else "kept a candidate, not promoted"
     run.log(f"Round {run.plan.round_id}: policy {policy_id} is {verdict} ({decision.rule}: {decision.reason}); "

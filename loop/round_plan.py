@@ -14,7 +14,6 @@ from annotate.metrics import (RM_LIVE_PREFIX, RM_PREFIX, ROUND_ACTOR_POLICY_ID, 
                               ROUND_POLICY_ID, ROUND_PPO_PROMPTS, ROUND_REFERENCE, ROUND_RESUMED_FROM,
                               ROUND_REWARD_MODEL_PATH, ROUND_RM_STRATEGY, ROUND_SECONDS, ROUND_STAGE,
                               ROUND_STARTED_FROM, ROUND_VOTES, ROUND_WEIGHTING, stage_seconds)
-from annotate.people import recorded_model_agreement
 from annotate.promotion import PromotionDecision, refresh_promotions
 from annotate.records import Policy, Preference
 from annotate.reliability import reliability_weighted
@@ -119,7 +118,7 @@ def plan_round(store: Store, base_model: str, config: LoopConfig, exclude_prompt
     store.ensure_base_policy(base_model)
     preferences = list(store.preferences())
     if config.votes.weighting == "reliability":  # each pair weighted by how sure its votes are
-        preferences = reliability_weighted(store, preferences, recorded_model_agreement(store.rounds()))
+        preferences = reliability_weighted(store, preferences)
     last_done = store.last_done_round()
     used_before = int(last_done.metrics.get(ROUND_PAIRS_USED.name, 0)) if last_done else 0
     new_pairs = len(preferences) - used_before
@@ -178,7 +177,7 @@ def _refuse_heads_settings(config: LoopConfig, n_preferences: int, reuse_policy:
 def _refresh_promotions(store: Store, config: LoopConfig, log: Log) -> str:
     """Every promotion decision taken again on the votes in now (annotate.promotion), the changes logged; a line on the
     policy the round starts from and the newer candidates it passes over (recorded as round/started_from)."""
-    for policy, decision in refresh_promotions(store, config.promotion):
+    for policy, decision in refresh_promotions(store, config.promotion, config.votes.weighting):
         log(f"Policy {policy.id} (round {policy.round}) is {'now promoted' if decision.promoted else 'held back'}: "
             f"{decision.reason}.")
     current = store.current_policy()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from annotate.people import PEOPLE_COLUMNS, Person, careless_reason, people_rows, recorded_model_agreement
+from annotate.people import PEOPLE_COLUMNS, Person, careless_reason, people_rows
+from annotate.reliability import recorded_model_agreement
 from annotate.records import Round
 from rlhf.reward.annotator_agreement import held_out_agreement
 

@@ -82,6 +82,59 @@ def vote_on_versus_pairs(store: Store, choice: str, annotator: str = "judge") ->
     return sum(store.record_vote(row["id"], annotator, choice, a_on_left=True) for row in pairs)
 
 
+def test_weighted_win_rates_worked_out_by_hand():
+    from annotate.records import VersusVote
+    from annotate.reliability import weighted_win_rates
+
+    cast = [VersusVote(3, 2, name, choice) for name, choice in
+            [("c", "a"), ("c", "a"), ("c", "b"), ("c", "both_bad")] + [("coin", "b")] * 4
+            + [("half", "a"), ("half", "tie")]] + [VersusVote(2, 1, "coin", "a")]
+    # weights (2p - 1) / (2 x 0.75 - 1): c unknown 1, coin (p 1/2) 0, half (p 0.625) 0.5; judged W = 3 + 1 = 4,
+    # squares 3 + 0.5 = 3.5, n_eff = 16 / 3.5, k = n_eff / W = 4 / 3.5
+    three, two = weighted_win_rates(cast, {"coin": 0.5, "half": 0.625})[::-1]
+    k = 4 / 3.5
+    assert (three.policy_id, three.opponent_id) == (3, 2)
+    assert (three.wins, three.losses, three.ties, three.both_bad) == pytest.approx((2.5 * k, k, 0.5 * k, k))
+    assert three.judged == pytest.approx(16 / 3.5) and three.win_rate == pytest.approx((2.5 + 0.25) / 4)
+    assert (two.judged, two.win_rate) == (0, None)  # a coin's votes alone: nothing judged
+    equal = weighted_win_rates([VersusVote(2, 1, name, c) for name, c in [("x", "a"), ("y", "b"), ("x", "tie")]], {})
+    assert equal == [WinRate(2, 1, 1, 1, 1, 0)]  # nothing known of anyone: the plain tallies
+
+
+def test_with_reliability_weighting_an_always_left_voters_versus_votes_do_not_hold_a_policy_back(tmp_path):
+    from annotate.promotion import decide_for, store_win_rates
+    from annotate.ui_dashboard import DashboardHandlers
+    from annotate.ui_session import AppConfig
+
+    with Store(tmp_path / "v.db") as store:
+        store.add_prompts([f"Question {i}?" for i in range(40)], source="test")
+        base = store.ensure_base_policy("base")
+        one = store.add_policy(1, "one", parent_id=base.id, promoted=False)
+        for name in ("careful", "left"):
+            store.add_annotator(name)
+        for prompt in range(1, 41):
+            newer, older = (store.add_generation(prompt, policy, f"{policy}-{prompt}", 2, "eos")
+                            for policy in (one, base.id))
+            pair = store.add_pair(prompt, newer, older, kind="versus")
+            if prompt <= 20:  # careful: the newer policy on 14 of 20
+                store.record_vote(pair, "careful", "a" if prompt <= 14 else "b", a_on_left=prompt % 2 == 0)
+            else:  # left: the left answer every time, the older policy's on 15 of 20
+                store.record_vote(pair, "left", "b" if prompt <= 35 else "a", a_on_left=prompt > 35)
+        policy = store.policy(one)
+        majority = decide_for(store, policy, EVIDENCE)
+        assert (majority.promoted, majority.numbers["wins"], majority.numbers["losses"]) == (False, 19, 21)
+        assert store.current_policy().id == base.id
+        # reliability: 20 left picks of 20 make the left voter a coin (weight 0); the careful one's 14 of 20 decide,
+        # on the Dashboard's refresh as in a round
+        DashboardHandlers(store, AppConfig(promotion=EVIDENCE, weighting="reliability")).refresh(with_report=False)
+        assert store.current_policy().id == one
+        weighted = decide_for(store, store.policy(one), EVIDENCE, weighting="reliability")
+        assert weighted.promoted and weighted.rule == "people"
+        assert (weighted.numbers["win_rate"], weighted.numbers["judged"]) == (pytest.approx(0.7), pytest.approx(20))
+        assert "70% (48%-85%) over 20 judged votes against policy 1" in weighted.reason
+        assert store_win_rates(store) == store.versus_win_rates()
+
+
 def test_the_current_policy_is_the_newest_promoted_and_rows_from_before_promotion_count_as_promoted(tmp_path):
     db = tmp_path / "p.db"
     with Store(db) as store:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from annotate.agreement import AgreementReport, agreement_report
-from annotate.records import CHOICES, Preference, VoteTexts, WinRate
+from annotate.records import CHOICES, Preference, VersusVote, VoteTexts, WinRate
 from annotate.store import sql as queries
 
 
@@ -123,3 +123,7 @@ class Reports:
     def versus_win_rates(self) -> list[WinRate]:
         """Per (newer policy, earlier policy): human votes on `versus` pairs, ties counting half a win."""
         return [WinRate(**row) for row in self._rows(queries.SELECT_VERSUS_TALLIES)]
+
+    def versus_votes(self) -> list[VersusVote]:
+        """Every counted vote on a `versus` pair, with the two policies it judged (the newer one's answer is gen_a)."""
+        return [VersusVote(**row) for row in self._rows(queries.SELECT_VERSUS_VOTES)]

@@ -338,6 +338,13 @@ SELECT_VERSUS_TALLIES = f"""
     WHERE p.kind = 'versus' AND {COUNTED_VOTE}
     GROUP BY ga.policy_id, gb.policy_id ORDER BY ga.policy_id, gb.policy_id"""
 
+SELECT_VERSUS_VOTES = f"""
+    SELECT ga.policy_id AS policy_id, gb.policy_id AS opponent_id, v.annotator AS annotator, v.choice AS choice
+    FROM pairs p JOIN generations ga ON ga.id = p.gen_a JOIN generations gb ON gb.id = p.gen_b
+    JOIN votes v ON v.pair_id = p.id
+    WHERE p.kind = 'versus' AND {COUNTED_VOTE}
+    ORDER BY ga.policy_id, gb.policy_id, v.id"""
+
 MARK_POLICY_PRUNED = "UPDATE policies SET pruned_at = ? WHERE id = ? AND pruned_at IS NULL"
 SET_POLICY_PROMOTION = "UPDATE policies SET promoted = ?, promotion = ? WHERE id = ?"
 SET_PROMOTION_OVERRIDE = "UPDATE policies SET promotion_override = ? WHERE id = ?"
