@@ -130,8 +130,10 @@ class VotesConfig:
     weighting: str = "majority"
     """How people's votes make the reward model's labels: "majority" (a pair's strict majority of a/b votes, each pair
     counting once) or "reliability" (the same pairs, each weighted, and flipped where the votes say so, by how sure its
-    votes are given each voter's estimated accuracy: gold pairs, else Dawid-Skene on overlapping pairs, else 0.75;
-    annotate.reliability.weighted_preferences)."""
+    votes are given each voter's estimated accuracy: gold pairs, else Dawid-Skene on overlapping pairs, else the last
+    round's agreement with a head fitted on the others' votes, else 0.75, at most what a side bias allows;
+    annotate.reliability.weighted_preferences). With "reliability", promotion weighs people's versus votes the same
+    way (annotate.reliability.weighted_win_rates)."""
     graded: str = "margin"
     """How a vote's strength (slightly or much better; old votes and file pairs count as slightly) enters the
     head strategies' Bradley-Terry loss: "off", "margin" (Llama 2's -log sigmoid(r_c - r_r - m)) or "weight"
