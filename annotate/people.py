@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from annotate.agreement import AgreementReport
 from annotate.records import Vote
-from annotate.reliability import (SIDE_BIAS_P, SIDE_BIAS_VOTES, UNKNOWN_ACCURACY, AnnotatorReliability, dawid_skene,
-                                  labels_from_votes, picked_left, recorded_model_agreement, side_counts,
+from annotate.reliability import (UNKNOWN_ACCURACY, AnnotatorReliability, dawid_skene, labels_from_votes,
+                                  picked_left, recorded_model_agreement, side_click_share, side_counts,
                                   voter_accuracy_sources)
 from annotate.statistics import binomial_two_sided_p, wilson_interval
 
@@ -146,7 +146,7 @@ def careless_reason(person: Person) -> str:
     The thresholds (FLAG_*) keep a careful person's chance of a flag small; a flag is a reason to look, not a verdict.
     """
     reasons = []
-    if person.ab_votes >= SIDE_BIAS_VOTES and person.left_p < SIDE_BIAS_P:
+    if side_click_share(person.left_picks, person.ab_votes) > 0:  # the bias weighting discounts, one test for both
         side, share = ("left", person.left_share) if person.left_share > 0.5 else ("right", 1 - person.left_share)
         reasons.append(f"picks the {side} answer in {share:.0%} of {person.ab_votes} a/b votes (p = "
                        f"{person.left_p:.1g})")

@@ -356,12 +356,16 @@ def recorded_model_agreement(rounds: list) -> dict[str, tuple[int, int]]:
     return {}
 
 
+def counted_votes(store) -> list[Vote]:
+    """The store's votes that train and promote: excluded annotators' left out."""
+    excluded = set(store.excluded_annotators())
+    return [vote for vote in store.votes() if vote.annotator not in excluded]
+
+
 def store_voter_accuracies(store, votes: list[Vote] | None = None) -> dict[str, float]:
     """voter_accuracies as a round weighs by: on the store's counted votes (`votes` when the caller has read them),
     their Dawid-Skene fit, the gold results, the last round's agreement with a held-out head and the side picks."""
-    if votes is None:
-        excluded = set(store.excluded_annotators())
-        votes = [vote for vote in store.votes() if vote.annotator not in excluded]
+    votes = counted_votes(store) if votes is None else votes
     return voter_accuracies(dawid_skene(labels_from_votes(votes)), store.gold_results(),
                             recorded_model_agreement(store.rounds()), side_counts(votes))
 
@@ -369,7 +373,6 @@ def store_voter_accuracies(store, votes: list[Vote] | None = None) -> dict[str, 
 def reliability_weighted(store, preferences: list) -> list:
     """`weighted_preferences` of the store's preferences, on its counted votes (excluded annotators' left out) and
     their voters' accuracies (store_voter_accuracies)."""
-    excluded = set(store.excluded_annotators())
-    votes = [vote for vote in store.votes() if vote.annotator not in excluded]
+    votes = counted_votes(store)
     return weighted_preferences(preferences, votes, store_voter_accuracies(store, votes),
                                 frozenset(store.gold_pair_ids()))

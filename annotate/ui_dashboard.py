@@ -102,9 +102,9 @@ class DashboardHandlers:
                "or more a/b votes. Gold: on pairs an admin marked (--gold). Reward model: the share of their votes " \
                "that a head fitted on everyone else's votes agrees with (a coin's: half), as of the last round. " \
                "Accuracy for weighting: what [votes] weighting = \"reliability\" weighs their votes by (a coin's " \
-               "50% weighs nothing), from gold, else Dawid-Skene, else that agreement. " \
-               "Looks careless: a reason to look, not a verdict; python app.py --exclude NAME leaves someone's votes " \
-               "out of the next rounds."
+               "50% weighs nothing), from gold, else Dawid-Skene, else that agreement, at most what a side bias " \
+               "allows. Looks careless: a reason to look, not a verdict; python app.py --exclude NAME leaves " \
+               "someone's votes out of the next rounds."
         return note, pd.DataFrame(rows, columns=PEOPLE_COLUMNS)
 
     def report(self, wanted, win_rates: list[WinRate] | None = None) -> tuple[dict, str]:
