@@ -91,9 +91,7 @@ def people_verdict(versus: WinRate, min_win_rate: float) -> PromotionDecision:
                "losses": versus.losses, "ties": versus.ties, "against": versus.opponent_id,
                "min_win_rate": min_win_rate}
     promoted = versus.win_rate >= min_win_rate
-    counted = f"{versus.judged:g} judged votes" if float(versus.judged).is_integer() else \
-        f"{versus.judged:.1f} judged votes (effective, each weighed by its voter's reliability)"
-    said = (f"people's votes: {versus.win_rate:.0%} ({low:.0%}-{high:.0%}) over {counted} against "
+    said = (f"people's votes: {versus.win_rate:.0%} ({low:.0%}-{high:.0%}) over {versus.judged_text()} against "
             f"policy {versus.opponent_id}")
     return PromotionDecision(promoted, "people", f"{said}, {'at least' if promoted else 'below'} "
                              f"{min_win_rate:.0%}", numbers)

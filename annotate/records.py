@@ -310,3 +310,9 @@ class WinRate:
     def interval(self) -> tuple[float, float] | None:
         """The win rate's 95% Wilson interval over the judged votes; None without such votes."""
         return None if self.win_rate is None else wilson_interval(self.win_rate, self.judged)
+
+    def judged_text(self) -> str:
+        """"83 judged votes", or for weighted votes "61.4 judged votes (effective, ...)"."""
+        if float(self.judged).is_integer():
+            return f"{self.judged:g} judged votes"
+        return f"{self.judged:.1f} judged votes (effective, each weighed by its voter's reliability)"

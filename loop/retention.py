@@ -10,7 +10,8 @@ The rule, K = round.keep_policies (0 keeps everything). A policy past round 0 is
   current policy's versus pairs are set against it), and the newest policy when it is a candidate not promoted (its
   versus pairs may still promote it: annotate.promotion);
 - one of the last K policies (by round, then id);
-- the best by people's votes (`best_win_rate`);
+- the best by people's votes (`best_win_rate`; under votes.weighting = "reliability" each versus vote weighed as
+  promotion weighs it: annotate.promotion.store_win_rates);
 - named by the last finished round (the policy it saved and the one it started from);
 - named by a round after the last finished one (running, or failed and resumable: loop.round_plan.crashed_work reads
   its actor, policy and reward model).
@@ -30,6 +31,7 @@ from annotate.disk import (POLICY, Checkpoint, disk_line, folder_bytes, folder_k
                            size_text)
 from annotate.metrics import (ROUND_ACTOR_POLICY_ID, ROUND_CEILING_POLICY_PATH, ROUND_POLICY_ID, ROUND_POLICY_PATH,
                               ROUND_REFERENCE, ROUND_REWARD_MODEL_PATH)
+from annotate.promotion import store_win_rates
 from annotate.records import Policy, Round, WinRate, current_policy_of, newest_policy
 from annotate.store import Store
 from loop.config import LoopConfig
@@ -120,7 +122,7 @@ def kept_reasons(policies: list[Policy], rounds: list[Round], win_rates: list[Wi
     best = best_win_rate(win_rates, policies)
     if best is not None:
         _add(kept_ids, best.policy_id, f"the best by people's votes: {best.win_rate:.0%} against policy "
-             f"{best.opponent_id} over {best.judged} judged votes (95% lower bound {best.interval()[0]:.0%})")
+             f"{best.opponent_id} over {best.judged_text()} (95% lower bound {best.interval()[0]:.0%})")
     _round_reasons(rounds, kept_ids, kept_paths)
     return kept_ids, kept_paths
 
@@ -250,7 +252,8 @@ def prune_checkpoints(store: Store, config: LoopConfig, dry_run: bool = False) -
     """Decide (retention_plan) over the checkpoints on disk and, unless `dry_run`, delete those not kept. The caller
     holds the round lock (a round in progress is what this must never race)."""
     checkpoints = present_checkpoints(store, config)
-    decisions = retention_plan(checkpoints, store.policies(), store.rounds(), store.versus_win_rates(),
+    win_rates = store_win_rates(store, config.votes.weighting)  # people's verdicts as promotion reads them
+    decisions = retention_plan(checkpoints, store.policies(), store.rounds(), win_rates,
                                config.round.keep_policies, adapter_bases(checkpoints))
     report = PruneReport(decisions, {c.path: folder_bytes(c.path) for c in checkpoints}, dry_run=dry_run,
                          keep_policies=config.round.keep_policies)

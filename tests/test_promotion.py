@@ -96,9 +96,11 @@ def test_weighted_win_rates_worked_out_by_hand():
     assert (three.policy_id, three.opponent_id) == (3, 2)
     assert (three.wins, three.losses, three.ties, three.both_bad) == pytest.approx((2.5 * k, k, 0.5 * k, k))
     assert three.judged == pytest.approx(16 / 3.5) and three.win_rate == pytest.approx((2.5 + 0.25) / 4)
+    assert three.judged_text() == "4.6 judged votes (effective, each weighed by its voter's reliability)"
     assert (two.judged, two.win_rate) == (0, None)  # a coin's votes alone: nothing judged
     equal = weighted_win_rates([VersusVote(2, 1, name, c) for name, c in [("x", "a"), ("y", "b"), ("x", "tie")]], {})
     assert equal == [WinRate(2, 1, 1, 1, 1, 0)]  # nothing known of anyone: the plain tallies
+    assert equal[0].judged_text() == "3 judged votes"
 
 
 def test_with_reliability_weighting_an_always_left_voters_versus_votes_do_not_hold_a_policy_back(tmp_path):

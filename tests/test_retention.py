@@ -250,6 +250,31 @@ def test_prune_dry_run_lists_and_deletes_nothing_then_prune_frees_and_marks(tmp_
     assert "Pruning freed 0 B in 0 folder(s)" in capsys.readouterr().out
 
 
+def test_the_best_by_peoples_votes_reads_them_weighted_as_promotion_does(tmp_path, capsys):
+    db, checkpoints = tmp_path / "loop.db", tmp_path / "checkpoints"
+    fake_rounds(db, checkpoints / "loop", 4)
+    with Store(db) as store:  # policy 2 (round 1) against the base, policy 1, on 40 versus pairs
+        store.add_prompts([f"Question {i}?" for i in range(40)], source="test")
+        for name in ("careful", "left"):
+            store.add_annotator(name)
+        for prompt in range(1, 41):
+            newer, older = (store.add_generation(prompt, policy, f"{policy}-{prompt}", 2, "eos") for policy in (2, 1))
+            pair = store.add_pair(prompt, newer, older, kind="versus")
+            if prompt <= 20:  # careful: policy 2 on 18 of 20
+                store.record_vote(pair, "careful", "a" if prompt <= 18 else "b", a_on_left=prompt % 2 == 0)
+            else:  # left: the left answer every time, policy 1's on 17 of 20
+                store.record_vote(pair, "left", "b" if prompt <= 37 else "a", a_on_left=prompt > 37)
+    flags = ["--prune", "--dry-run", "--db", str(db), "--set", f"round.checkpoints_dir={checkpoints}",
+             "--set", "round.keep_policies=1"]
+    # majority: 21 of 40 (lower bound 37%) is no step forward; reliability: the always-left voter weighs 0 and the
+    # careful one's 18 of 20 (lower bound 70%) make policy 2 the best
+    assert app.main(flags) == 0
+    assert "would delete   1.0 kB  policy 2 (round-1/policy): neither current nor its parent" in capsys.readouterr().out
+    assert app.main([*flags, "--set", "votes.weighting=reliability"]) == 0
+    assert ("kept           1.0 kB  policy 2 (round-1/policy): the best by people's votes: 90% against policy 1 over "
+            "20 judged votes (95% lower bound 70%)") in capsys.readouterr().out
+
+
 def test_prune_refuses_while_a_round_holds_the_lock(tmp_path, capsys):
     db, checkpoints = tmp_path / "loop.db", tmp_path / "checkpoints"
     fake_rounds(db, checkpoints / "loop", 3)
