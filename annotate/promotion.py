@@ -4,13 +4,16 @@ next round starts from it) or stays a candidate, kept with its votes but not bui
 The rule ([promotion], loop.config.PromotionConfig), for a policy against the policy it started from (its parent):
 1. An admin's override ("promote" or "reject", `python app.py --promotion ID ...`) wins.
 2. With rule = "always" every policy is promoted (the loop before this rule).
-3. People, once `min_votes` judged votes (wins, losses, ties) are in on its versus pairs against its parent: promoted
+3. The KL budget: a policy PPO moved more than `max_kl` (mean KL to the reference, the round-0 policy, so the drift of
+   every round since) is not promoted, whatever the votes say: people's verdict on ~80 noisy votes let through
+   answers gamed at KL 18.8 and 21.9 and a policy worse than its parent at 10.6 (docs/few-votes.md). 0: no budget.
+4. People, once `min_votes` judged votes (wins, losses, ties) are in on its versus pairs against its parent: promoted
    when its win rate (ties half) is at least `min_win_rate`. The point estimate decides, its 95% interval is shown:
    with few votes the verdict is noisy either way, and a policy wrongly kept back costs a round, not the loop. With
    `[votes] weighting = "reliability"` each vote weighs what it does in training (annotate.reliability
    .weighted_win_rates: a coin's votes nothing) and the judged votes are their effective number.
-4. Before that, the reward model: promoted when its held-out interval lies above chance and PPO's mean KL to the
-   reference is at most `max_kl`; an unmeasured reward model (no held-out pair) promotes nothing.
+5. Before that, the reward model: promoted when its held-out interval lies above chance; an unmeasured reward model
+   (no held-out pair) promotes nothing.
 
 The decision of each policy is recorded in the store (policies.promoted, policies.promotion as JSON) whenever it is
 taken again: at the start and end of a round, when pairs are made, on an override; the Dashboard shows it.
@@ -60,7 +63,7 @@ class PromotionDecision:
 
     promoted: bool
     rule: str
-    """"admin", "always", "people" or "reward model"."""
+    """"admin", "always", "KL budget", "people" or "reward model"."""
     reason: str
     numbers: dict = field(default_factory=dict)
 
@@ -79,9 +82,19 @@ def decide(evidence: PromotionEvidence, settings: PromotionSettings, override: s
     if settings.rule == "always":
         return PromotionDecision(True, "always", "promotion.rule = \"always\": every round's policy is promoted", {})
     versus = evidence.versus
-    if versus is not None and versus.judged >= settings.min_votes:
-        return people_verdict(versus, settings.min_win_rate)
-    return reward_model_verdict(evidence, settings)
+    people = versus is not None and versus.judged >= settings.min_votes
+    verdict = people_verdict(versus, settings.min_win_rate) if people else reward_model_verdict(evidence, settings)
+    if settings.max_kl > 0 and evidence.kl is not None and evidence.kl > settings.max_kl:
+        return kl_budget_verdict(evidence.kl, settings.max_kl, verdict)
+    return verdict
+
+
+def kl_budget_verdict(kl: float, max_kl: float, verdict: PromotionDecision) -> PromotionDecision:
+    """Held back: PPO's KL is above `max_kl`; `verdict`, what the votes or the reward model would have decided, is
+    kept in the reason and the numbers."""
+    without = f"without it: {'promoted' if verdict.promoted else 'not promoted'} by {verdict.rule}, {verdict.reason}"
+    return PromotionDecision(False, "KL budget", f"PPO's KL {kl:.1f} is above promotion.max_kl = {max_kl:g}; {without}",
+                             {**verdict.numbers, "kl": kl, "max_kl": max_kl})
 
 
 def people_verdict(versus: WinRate, min_win_rate: float) -> PromotionDecision:
@@ -98,7 +111,7 @@ def people_verdict(versus: WinRate, min_win_rate: float) -> PromotionDecision:
 
 
 def reward_model_verdict(evidence: PromotionEvidence, settings: PromotionSettings) -> PromotionDecision:
-    """Promoted when the reward model's held-out interval lies above chance and the KL is within settings.max_kl."""
+    """Promoted when the reward model's held-out interval lies above chance (the KL budget is `decide`'s)."""
     judged = evidence.versus.judged if evidence.versus is not None else 0
     numbers = {"rm_accuracy": evidence.rm_accuracy, "rm_low": evidence.rm_low, "rm_n": evidence.rm_n,
                "kl": evidence.kl, "max_kl": settings.max_kl, "judged": judged, "min_votes": settings.min_votes}
@@ -110,9 +123,6 @@ def reward_model_verdict(evidence: PromotionEvidence, settings: PromotionSetting
                f"n={evidence.rm_n})"
     if evidence.rm_low <= 0.5:
         return PromotionDecision(False, "reward model", waiting + accuracy + " cannot be told from chance", numbers)
-    if settings.max_kl > 0 and evidence.kl is not None and evidence.kl > settings.max_kl:
-        return PromotionDecision(False, "reward model", waiting + f"PPO's KL {evidence.kl:.1f} is above "
-                                 f"promotion.max_kl = {settings.max_kl:g}", numbers)
     kl = "" if evidence.kl is None else f" and KL {evidence.kl:.1f}"
     return PromotionDecision(True, "reward model", waiting + accuracy + f" clears chance{kl}", numbers)
 

@@ -63,8 +63,8 @@ PROMOTION_RULES = ("evidence", "always")
 @dataclass
 class PromotionConfig:
     """When a round's policy becomes the current one (loop.promotion): it writes the pairs and the next round starts
-    from it. People's votes on its versus pairs decide once `min_votes` are in; until then the reward model's held-out
-    interval and the KL PPO moved."""
+    from it. People's votes on its versus pairs decide once `min_votes` are in, until then the reward model's held-out
+    interval; never past the KL budget `max_kl`."""
 
     rule: str = "evidence"
     """"evidence": promoted only when the evidence says it is not worse than the policy it started from; "always":
@@ -74,8 +74,8 @@ class PromotionConfig:
     min_win_rate: float = ranged(0.5, between(0, 1, "a win rate"))
     """People's verdict: promoted when its win rate against the policy it started from (ties half) is at least this."""
     max_kl: float = ranged(10.0, at_least(0, "0: no limit"))
-    """The reward model's verdict, before people's: promoted when its held-out interval clears chance and PPO's mean KL
-    to the reference is at most this."""
+    """The KL budget: a policy whose PPO's mean KL to the reference (the round-0 policy) is above this is not promoted,
+    whatever people's votes or the reward model say; an admin can still promote it."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

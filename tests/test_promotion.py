@@ -26,7 +26,7 @@ def versus(wins: int, losses: int, ties: int = 0) -> WinRate:
 
 def test_people_decide_once_min_votes_are_in_with_ties_counting_half():
     # 10 wins, 6 losses, 2 ties: 18 judged, (10 + 1) / 18 = 0.611 >= 0.5
-    up = decide(PromotionEvidence(versus(10, 6, 2), rm_accuracy=0.40, rm_low=0.30, rm_n=50, kl=30.0), EVIDENCE)
+    up = decide(PromotionEvidence(versus(10, 6, 2), rm_accuracy=0.40, rm_low=0.30, rm_n=50, kl=3.0), EVIDENCE)
     assert (up.promoted, up.rule) == (True, "people")  # people's verdict wins over a chance-level reward model
     assert up.numbers["win_rate"] == pytest.approx(11 / 18)
     assert (up.numbers["low"], up.numbers["high"]) == pytest.approx(wilson_interval(11 / 18, 18))
@@ -55,6 +55,26 @@ def test_before_min_votes_the_reward_models_interval_and_the_kl_decide():
     assert decide(far, PromotionConfig(max_kl=0)).promoted  # 0: no limit
     unmeasured = PromotionEvidence(None, kl=1.0)
     assert not decide(unmeasured, EVIDENCE).promoted and "not measured" in decide(unmeasured, EVIDENCE).reason
+
+
+def test_the_kl_budget_holds_back_what_people_or_the_reward_model_would_promote():
+    # people: 12 wins, 4 losses, 2 ties: 13 / 18 = 0.722 >= 0.5, but KL 10.6 > max_kl 10
+    liked = PromotionEvidence(versus(12, 4, 2), rm_accuracy=0.75, rm_low=0.62, rm_n=57, kl=10.6)
+    held = decide(liked, EVIDENCE)
+    assert (held.promoted, held.rule) == (False, "KL budget")
+    assert held.reason.startswith("PPO's KL 10.6 is above promotion.max_kl = 10; without it: promoted by people, "
+                                  "people's votes: 72% (")
+    assert (held.numbers["win_rate"], held.numbers["kl"], held.numbers["max_kl"]) == pytest.approx((13 / 18, 10.6, 10))
+    assert decide(PromotionEvidence(versus(12, 4, 2), kl=10.0), EVIDENCE).promoted  # at most max_kl
+    assert decide(liked, PromotionConfig(max_kl=0)).promoted  # 0: no budget
+    assert decide(liked, PromotionConfig(max_kl=11)).promoted
+    # before min_votes a sure reward model is held back the same way; a policy people voted down says so
+    far = decide(PromotionEvidence(None, rm_accuracy=0.64, rm_low=0.55, rm_n=120, kl=10.5), EVIDENCE)
+    assert (far.promoted, far.rule) == (False, "KL budget") and "without it: promoted by reward model" in far.reason
+    disliked = decide(PromotionEvidence(versus(4, 12), kl=12.0), EVIDENCE)
+    assert "without it: not promoted by people" in disliked.reason and "25% (" in disliked.reason
+    assert decide(PromotionEvidence(versus(12, 4)), EVIDENCE).promoted  # no KL recorded (no PPO): no budget to apply
+    assert decide(liked, EVIDENCE, override="promote").promoted  # an admin can spend more
 
 
 def test_an_admins_override_and_the_always_rule_win_over_the_evidence():
