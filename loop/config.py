@@ -178,6 +178,11 @@ class SimulateSettings:
     """After each demo round, PPO once more from the same policy with the annotator's own score as the reward, judged
     beside it (oracle_win_rate). Same settings and seed; its policy is a folder beside the round's (ceiling-policy),
     not a policy of the loop: the most the round's PPO could buy with a perfect reward model."""
+    closing_votes: bool = True
+    """After the demo's last round, cast the votes the next round would start with (simulate.votes on pairs from the
+    current policy, round.versus_share of them the last round's policy against its parent), so the last round's
+    promotion is decided on people's votes, as every earlier round's is, and not by the reward model alone. A demo on
+    the same database afterwards counts them as its first round's votes."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

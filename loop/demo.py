@@ -257,22 +257,35 @@ def round_line(row: dict, first: dict) -> str:
     return text + f", {row['seconds']} s with votes and judging"
 
 
+def cast_round_votes(store: Store, config: LoopConfig, annotator: DemoAnnotator, evaluation: Evaluation,
+                     seeds: DemoSeeds, round_number: int) -> int:
+    """The votes a round starts with: simulate.votes of them, less those already cast since the last round (a previous
+    demo's closing votes, or people's), on pairs queued as the app would; returns how many were cast now."""
+    from annotate import simulate, team
+
+    already = store.votes_since_last_round()
+    wanted = max(0, config.simulate.votes - already)
+    if already:
+        _log(f"{already} votes are in since the last round (a demo's closing votes, or people's): {wanted} more to "
+             "cast.")
+    if wanted == 0:
+        return 0
+    fill_pair_queue(store, config, wanted, seeds, round_number, frozenset(evaluation.prompts))
+    if annotator.team:
+        return team.simulate_team_votes(store, annotator.team, wanted, seed=seeds.votes(round_number)).votes
+    return simulate.simulate_votes(store, annotator.voter, annotator.name, wanted, seed=seeds.votes(round_number),
+                                   score=annotator.score).votes  # graded by the rule's score, where it has one
+
+
 def demo_round(store: Store, config: LoopConfig, annotator: DemoAnnotator, evaluation: Evaluation, seeds: DemoSeeds,
                round_number: int) -> dict | None:
     """Pairs, votes, a round and its judging; the round's row, or None when the round was refused."""
-    from annotate import simulate, team
     from loop import round as rounds
 
     sim = config.simulate
     started = time.perf_counter()
-    fill_pair_queue(store, config, sim.votes, seeds, round_number, frozenset(evaluation.prompts))
-    if annotator.team:
-        voted = team.simulate_team_votes(store, annotator.team, sim.votes, seed=seeds.votes(round_number))
-    else:
-        voted = simulate.simulate_votes(store, annotator.voter, annotator.name, sim.votes,
-                                        seed=seeds.votes(round_number),
-                                        score=annotator.score)  # graded by the rule's score, where it has one
-    _log(f"Demo round {round_number} of {sim.rounds}: {annotator.name} cast {voted.votes} votes.")
+    voted = cast_round_votes(store, config, annotator, evaluation, seeds, round_number)
+    _log(f"Demo round {round_number} of {sim.rounds}: {annotator.name} cast {voted} votes.")
     oracle = annotator.oracle()
     try:
         result = rounds.run_round(config.app.db, config.app.model, config, log=_log,
@@ -309,10 +322,24 @@ def judge_metrics(row: dict, first: dict, annotator: str) -> dict:
             DEMO_FIRST_JUDGE_SCORE.name: first["judge_score"]}
 
 
+def cast_closing_votes(store: Store, config: LoopConfig, annotator: DemoAnnotator, evaluation: Evaluation,
+                       seeds: DemoSeeds, rows: list[dict]) -> int:
+    """With simulate.closing_votes, once every round ran: the votes the next round would start with, among them
+    people's on the last round's versus pairs, so its promotion is theirs as every earlier round's is (without them
+    the reward model decides it alone). Returns the votes cast."""
+    sim = config.simulate
+    if not (sim.closing_votes and rows and len(rows) == sim.rounds):
+        return 0
+    closing = cast_round_votes(store, config, annotator, evaluation, seeds, sim.rounds + 1)
+    _log(f"Closing votes: {annotator.name} cast {closing} votes on the pairs a next round would start with, so round "
+         f"{rows[-1]['round']}'s promotion is decided on people's votes.")
+    return closing
+
+
 def promotion_outcome(store: Store, rows: list[dict], evaluation: Evaluation, config: LoopConfig) -> None:
     """Each row's `promoted` (the decision on the votes in at the demo's end: people judge a round's policy by the
-    next round's start) and `current_win_rate` (the win rate against the first of the policy current after that
-    round, with its interval), printed as one line a round."""
+    next round's start, the last round's by the closing votes) and `current_win_rate` (the win rate against the first
+    of the policy current after that round, with its interval), printed as one line a round."""
     refresh_promotions(store, config.promotion, config.votes.weighting)
     policies = store.policies()
     for row in rows:
@@ -371,9 +398,11 @@ def run_demo_loop(config: LoopConfig, on_round: Callable[[dict], None] | None = 
         print(round_line(row, evaluation.first_score), flush=True)
         if on_round is not None:
             on_round(row)
+    closing = cast_closing_votes(store, config, annotator, evaluation, seeds, rows)
     promotion_outcome(store, rows, evaluation, config)
     store.close()
-    print(json.dumps({"reward": sim.reward, "first_policy_id": first.id, "eval_prompts": len(evaluation.prompts),
+    print(json.dumps({"reward": sim.reward, "first_policy_id": first.id, "closing_votes": closing,
+                      "eval_prompts": len(evaluation.prompts),
                       "eval_answers": sim.eval_answers, "first_judge_score": evaluation.first_score["judge_score"],
                       "first_judge_score_se": evaluation.first_score["judge_score_se"], "rounds": rows}))
     return 0 if len(rows) == sim.rounds else EXIT_REFUSED

@@ -33,10 +33,12 @@ METRIC_NAME = re.compile(r"^(rm|ppo|gen|time|round|ceiling|active|demo)/[a-z_]*$
 @pytest.fixture(scope="module")
 def demo_db(tmp_path_factory, tiny_model_dir) -> Path:
     """A database after one demo round of the tiny model (so its judge's figures exist too), and votes by a second
-    annotator on every pair the round queued, its versus pairs among them."""
+    annotator on every pair the round queued, its versus pairs among them (the demo's closing votes off: they would
+    take them)."""
     folder = tmp_path_factory.mktemp("dashboard")
     db = folder / "demo.db"
-    settings = [arg for setting in tiny_settings(folder) for arg in ("--set", setting)]
+    overrides = [*tiny_settings(folder), "simulate.closing_votes=false"]
+    settings = [arg for setting in overrides for arg in ("--set", setting)]
     assert app.main(["--demo-loop", "--rounds", "1", "--annotator", "longer", "--votes", "16", "--eval-prompts", "4",
                      "--db", str(db), "--model", str(tiny_model_dir), *settings]) == 0
     with Store(db) as store:

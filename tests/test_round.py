@@ -345,7 +345,7 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     assert "95% CI" in printed and "reward-model score" in printed
     store = Store(db)
     assert [p.round for p in store.policies()] == [0, 1, 2]
-    assert len(store.votes(annotator="sim:longer")) == 16
+    assert len(store.votes(annotator="sim:longer")) == 16 + 8  # two rounds' and the closing votes
     # votes graded by the rule's own score (`longer`: words), as a person says "much" or "slightly" better
     assert all(score is not None and score("one two three") == 3.0 for score in vote_scores)
     assert [r.status for r in store.rounds()] == ["done", "done"]
@@ -361,7 +361,9 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     check_row(result["rounds"][0], ("", "oracle_"), answers=4)
     assert result["rounds"][0]["oracle_kl"] is not None
     assert "oracle ceiling: win rate" in out.strip().splitlines()[0]
-    assert vote_seeds == [1, 2, 3]  # --seed 0 plus the database's rounds: the second run does not repeat the first
+    # --seed 0 plus the database's rounds: the second run does not repeat the first; each run's last seed is its
+    # closing votes', and round 3 casts none, its votes being the first run's closing ones
+    assert vote_seeds == [1, 2, 3, 4]
     third = store.rounds()[2]
     ceiling = Path(third.metrics["round/ceiling_policy_path"])
     assert ceiling.name == "ceiling-policy" and (ceiling / "config.json").is_file()
@@ -378,6 +380,40 @@ def test_demo_loop_votes_runs_rounds_and_prints_one_json_line(tmp_path, tiny_mod
     assert len(judged_prompts) == 1 + 2 + 1 + 1 + 1 + 1
     assert all(prompts == judged_prompts[0][1] for _path, prompts in judged_prompts)
     assert len(set(judged_prompts[0][1])) == 4
+
+
+def test_the_demos_closing_votes_let_people_decide_its_last_rounds_promotion(tmp_path, tiny_model_dir, capsys):
+    """Without them the last round's versus pairs are never voted on and the reward model decides it alone; with
+    them people do, and a demo on the same database counts them as its first round's votes."""
+    import json
+
+    from annotate.promotion import PromotionDecision
+
+    def demo(db, *flags):
+        settings = [*tiny_settings(tmp_path), "promotion.rule=evidence", "promotion.min_votes=2",
+                    "promotion.max_kl=0", "round.versus_share=0.5", *flags]
+        code = app.main(["--demo-loop", "--rounds", "1", "--annotator", "longer", "--votes", "8", "--eval-prompts",
+                         "2", "--db", str(db), "--model", str(tiny_model_dir),
+                         *[arg for setting in settings for arg in ("--set", setting)]])
+        assert code == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    without = demo(tmp_path / "without.db", "simulate.closing_votes=false")
+    assert without["closing_votes"] == 0
+    assert without["rounds"][0]["promotion_rule"] == "reward model"  # "0 of 2 votes on its versus pairs so far"
+    assert len(Store(tmp_path / "without.db").votes()) == 8
+    db = tmp_path / "with.db"
+    result = demo(db)
+    assert result["closing_votes"] == 8
+    store = Store(db)
+    last = store.policy(result["rounds"][0]["policy_id"])
+    decision = PromotionDecision.from_json(last.promotion)
+    assert (result["rounds"][0]["promotion_rule"], decision.rule) == ("people", "people")
+    versus = [vote for vote in store.versus_votes() if (vote.policy_id, vote.opponent_id) == (last.id, last.parent_id)]
+    assert len(versus) >= 2 and decision.numbers["judged"] >= 2  # the closing votes judged its versus pairs
+    assert len(store.votes()) == 16 and store.votes_since_last_round() == 8
+    demo(db, "simulate.closing_votes=false")  # round 2 trains on the closing votes and casts none of its own
+    assert len(store.votes()) == 16 and store.rounds()[-1].status == "done"
 
 
 def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
