@@ -10,13 +10,15 @@ votes measure progress by human judgement and decide promotion (annotate.promoti
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Callable
 
 from tqdm.auto import tqdm
 
-from annotate.metrics import GEN_ANSWERS, GEN_FINISHED_SHARE, GEN_MEAN_TOKENS, GEN_TOKENS_PER_S, TIME_GENERATE_S
-from annotate.records import Policy
+from annotate.metrics import (GEN_ANSWERS, GEN_FINISHED_SHARE, GEN_MEAN_TOKENS, GEN_TOKENS_PER_S, ROUND_POLICY_ID,
+                              ROUND_PPO_PROMPTS, TIME_GENERATE_S)
+from annotate.records import Policy, Prompt
 from rlhf.sampling import DEFAULT_BATCH_SIZE, Sampling
 
 
@@ -121,6 +123,22 @@ def earlier_policy(store, policy: Policy) -> Policy | None:
         return parent
     earlier = [p for p in store.policies() if p.round < policy.round and not p.pruned]
     return max(earlier, key=lambda p: (p.round, p.id)) if earlier else None
+
+
+def trained_prompts(store, policy: Policy) -> frozenset[str]:
+    """The prompts PPO trained `policy` on: round/ppo_prompts of the round that saved it; none for the base policy or
+    one no round made (imported, or saved before rounds recorded their prompts)."""
+    made = next((r for r in store.rounds() if r.metrics.get(ROUND_POLICY_ID.name) == policy.id), None)
+    return frozenset(made.metrics.get(ROUND_PPO_PROMPTS) or ()) if made is not None else frozenset()
+
+
+def versus_prompt_ids(rng: random.Random, prompts: list[Prompt], n_versus: int, trained: frozenset[str]) -> set[int]:
+    """Up to `n_versus` of `prompts` (their ids) for the versus pairs, drawn among those PPO did not train the newer
+    policy on (`trained`), so people judge what it learnt rather than what it was fitted to, as the judge's held-out
+    prompts and a round's report do; fewer when fewer are left. Only when every prompt was trained on are they drawn
+    from all (a versus pair on a trained prompt beats none: people's verdict is what promotion waits for)."""
+    held_out = [p.id for p in prompts if p.text not in trained] or [p.id for p in prompts]
+    return set(rng.sample(held_out, min(n_versus, len(held_out))))
 
 
 def usable(a, b, report: PairsReport) -> bool:

@@ -20,7 +20,7 @@ from typing import Callable
 from annotate.metrics import ACTIVE_CANDIDATE_ANSWERS, ACTIVE_UNCERTAIN, GEN_ANSWERS
 from annotate.records import NewGeneration, NewPair, Prompt
 from loop.pair_request import (PairChooser, PairProgress, PairRequest, PairsReport, add_report, earlier_policy,
-                               merge_generation_stats, usable)
+                               merge_generation_stats, trained_prompts, usable, versus_prompt_ids)
 from loop.policies import PolicyModel, policy_model
 from rlhf.generate import Answer, AnswerWatch, generate_answers
 from rlhf.reward.strategies import VotesConfig
@@ -126,14 +126,17 @@ def make_pairs(store, request: PairRequest, model: PolicyModel | None = None,
     report = PairsReport(policy_id=policy.id)
     prompts = store.prompts_needing_pairs(request.n_pairs, request.exclude_prompts)
     opponent = _opponent(store, request, newer, round(len(prompts) * request.versus_share))
-    n_versus = round(len(prompts) * request.versus_share) if opponent is not None else 0
+    wanted = round(len(prompts) * request.versus_share) if opponent is not None else 0
     if not prompts:
         return report
+    versus_ids = versus_prompt_ids(rng, prompts, wanted, trained_prompts(store, newer)) if wanted else set()
+    if len(versus_ids) < wanted:
+        print(f"{len(versus_ids)} versus pairs of {wanted} wanted: only {len(versus_ids)} of these {len(prompts)} "
+              f"prompts were not among policy {newer.id}'s PPO prompts.", file=sys.stderr)
     model = policy_model(store, policy.id, model)
     versus_models = [_same_or_loaded(store, model, policy.id, side) for side in (newer, opponent)] \
-        if n_versus else None
-    report.versus_policy_id = opponent.id if n_versus else None
-    versus_ids = set(rng.sample([p.id for p in prompts], n_versus))
+        if versus_ids else None
+    report.versus_policy_id = opponent.id if versus_ids else None
     sink = _PairSink(store, report, progress or PairProgress(), len(prompts))
     start = 0
     largest = max(1, request.batch_size // 2)  # a sample pair takes two sequences of a batch
@@ -253,6 +256,14 @@ class _Part(PairProgress):
         self.whole.step(step, most)
 
 
+def _versus_exclusion(store, request: PairRequest) -> frozenset[str]:
+    """The prompts a batch of versus pairs only leaves out: the request's own, and the newer policy's PPO prompts
+    unless that would leave none (`versus_prompt_ids`, the same rule within a mixed batch)."""
+    newer = store.policy(request.versus_newer_id if request.versus_newer_id is not None else request.policy_id)
+    excluded = request.exclude_prompts | trained_prompts(store, newer)
+    return excluded if store.prompts_needing_pairs(1, excluded) else request.exclude_prompts
+
+
 def queue_pairs(store, request: PairRequest, votes: VotesConfig, judge=None, model: PolicyModel | None = None,
                 progress: PairProgress | None = None) -> PairsReport:
     """Store up to request.n_pairs pairs (a share against an earlier policy) and report them; the sample pairs are
@@ -270,8 +281,9 @@ def queue_pairs(store, request: PairRequest, votes: VotesConfig, judge=None, mod
     report = PairsReport(policy_id=request.policy_id)
     planned = 2 * n_versus + votes.oversample * math.ceil((n_pairs - n_versus) * votes.prompts_per_pair)
     if n_versus:
-        versus = make_pairs(store, replace(request, n_pairs=n_versus, versus_share=1.0), model,
-                            _Part(progress, 0, n_versus, n_pairs, 0, planned))
+        versus_only = replace(request, n_pairs=n_versus, versus_share=1.0,
+                              exclude_prompts=_versus_exclusion(store, request))
+        versus = make_pairs(store, versus_only, model, _Part(progress, 0, n_versus, n_pairs, 0, planned))
         add_report(report, versus)
         report.versus_policy_id = versus.versus_policy_id
 

@@ -2,6 +2,7 @@
 
 import torch
 
+from annotate.metrics import ROUND_POLICY_ID, ROUND_PPO_PROMPTS
 from annotate.store import Store
 from loop.pair_request import PairProgress, PairRequest
 from loop.pairs import queue_pairs
@@ -64,6 +65,32 @@ def test_with_a_judge_sample_pairs_come_from_over_sampled_answers_and_versus_pai
     assert report.stats["gen/answers"] == 12 + 2 * 2  # plus both policies' answers to the 2 versus prompts
     assert {total for _done, total in calls} == {4}
     assert [done for done, _total in calls] == sorted(done for done, _total in calls) and calls[-1] == (4, 4)
+
+
+def trained_on(store, policy, prompt_texts):
+    """A finished round that saved `policy` after PPO on `prompt_texts` (what round_plan records)."""
+    round_id = store.start_round()
+    store.finish_round(round_id, {ROUND_POLICY_ID.name: policy.id, ROUND_PPO_PROMPTS: list(prompt_texts)})
+
+
+def test_with_a_judge_versus_pairs_go_to_prompts_the_newer_policy_was_not_trained_on(tiny_model_dir):
+    store, base, newer = store_with_two_policies(tiny_model_dir)
+    trained_on(store, newer, [f"Question number {i}?" for i in range(9)])  # 9 of 12: 3 held out
+    votes = VotesConfig(oversample=4, prompts_per_pair=1.5, random_share=0.0)
+    request = PairRequest(8, newer.id, versus_share=0.5, versus_policy_id=base.id, sampling=SAMPLING, seed=0)
+    report = queue_pairs(store, request, votes, judge=LengthDoubt())
+    pairs = [store.pair(pair_id) for pair_id in range(1, store.count_pairs() + 1)]
+    versus_prompts = [store.prompt(p.prompt_id).text for p in pairs if p.kind == "versus"]
+    assert sorted(versus_prompts) == sorted(f"Question number {i}?" for i in (9, 10, 11))  # 3 of 4 wanted: all left
+    assert report.versus == 3 and report.sample == 4
+
+
+def test_when_every_prompt_was_trained_on_versus_pairs_still_come(tiny_model_dir):
+    store, base, newer = store_with_two_policies(tiny_model_dir, n_prompts=4)
+    trained_on(store, newer, [f"Question number {i}?" for i in range(4)])
+    votes = VotesConfig(oversample=4, prompts_per_pair=1.5, random_share=0.0)
+    request = PairRequest(4, newer.id, versus_share=0.5, versus_policy_id=base.id, sampling=SAMPLING, seed=0)
+    assert queue_pairs(store, request, votes, judge=LengthDoubt()).versus == 2
 
 
 def test_oversample_two_turns_the_choice_off_even_with_a_judge(tiny_model_dir):

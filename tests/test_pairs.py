@@ -1,10 +1,14 @@
 """Making pairs: which prompts, how many pairs of each kind, who wrote which side, what gets skipped."""
 
+import random
+
 import pytest
 
 import app
+from annotate.metrics import ROUND_POLICY_ID, ROUND_PPO_PROMPTS
+from annotate.records import Prompt
 from annotate.store import Store
-from loop.pair_request import PairProgress, PairRequest, PairsReport, earlier_policy, usable
+from loop.pair_request import PairProgress, PairRequest, PairsReport, earlier_policy, usable, versus_prompt_ids
 from loop.pairs import make_pairs
 from loop.policies import PolicyModel
 from rlhf.generate import Answer
@@ -88,6 +92,30 @@ def test_versus_pairs_put_the_newer_policy_on_side_a(store, tiny_model, tokenize
         ("versus", newer_id, base.id), ("versus", newer_id, base.id),
     ]
     assert sorted(row[0] for row in rows) == [1, 2, 3, 4]
+
+
+def test_versus_prompts_are_drawn_among_those_ppo_did_not_train_on_else_among_all():
+    prompts = [Prompt(id=i, text=f"q{i}", source="test", created_at="") for i in range(1, 7)]
+    trained = frozenset({"q1", "q2", "q3", "q4"})
+    assert versus_prompt_ids(random.Random(0), prompts, 2, trained) == {5, 6}
+    assert versus_prompt_ids(random.Random(0), prompts, 3, trained) == {5, 6}  # fewer: only two held out
+    assert versus_prompt_ids(random.Random(0), prompts, 1, frozenset()) <= {1, 2, 3, 4, 5, 6}
+    everything = frozenset(p.text for p in prompts)
+    assert len(versus_prompt_ids(random.Random(0), prompts, 3, everything)) == 3  # all trained on: drawn among all
+
+
+def test_mixed_batch_puts_its_versus_pairs_on_prompts_the_newer_policy_was_not_trained_on(store, tiny_model, tokenizer,
+                                                                                          other_model_dir, capsys):
+    base = store.ensure_base_policy(str(other_model_dir))
+    newer_id = store.add_policy(round=1, path="checkpoints/round-1", parent_id=base.id)
+    round_id = store.start_round()
+    store.finish_round(round_id, {ROUND_POLICY_ID.name: newer_id,
+                                  ROUND_PPO_PROMPTS: [f"Question number {i}?" for i in range(1, 6)]})
+    report = make_pairs(store, short(6, newer_id, versus_share=0.5, seed=0), PolicyModel(tiny_model, tokenizer))
+
+    assert (report.versus, report.sample) == (1, 5)  # 3 wanted, 1 prompt (6) held out
+    assert [row[0] for row in pair_rows(store) if row[1] == "versus"] == [6]
+    assert "1 versus pairs of 3 wanted" in capsys.readouterr().err
 
 
 def test_without_an_earlier_policy_every_pair_is_a_sample_pair(store, tiny_model, tokenizer, capsys):
