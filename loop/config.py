@@ -35,7 +35,7 @@ class RoundConfig:
     next_pairs: int = ranged(32, at_least(0, "0: none"))
     """Pairs generated for annotation from the new policy at the end of the round."""
     versus_share: float = ranged(0.25, SHARE)
-    """Share of the next pairs that put the new policy against an earlier one."""
+    """Share of the next pairs that put the new policy against an earlier one, on prompts its PPO did not train on."""
     report_prompts: int = ranged(16, at_least(0, "0: no report"))
     """Prompts the round report answers with the policy before and after the round; 0: no report."""
     adapt_ppo_to_head: bool = True

@@ -4,8 +4,9 @@ here: `loop.pairs` asks a policy for the answers.
 
 Two kinds of pair (docs/design.md, "Data model"): `sample`, two answers of the current policy to one prompt (what the
 reward model learns from), and `versus`, the newest policy (the current one, or a candidate not promoted yet) against
-the one it started from on the same prompt (gen_a is always the newer policy's answer, the store's convention), whose
-votes measure progress by human judgement and decide promotion (annotate.promotion).
+the one it started from on the same prompt, one its PPO did not train on (`versus_prompt_ids`; gen_a is always the
+newer policy's answer, the store's convention), whose votes measure progress by human judgement and decide promotion
+(annotate.promotion).
 """
 
 from __future__ import annotations
