@@ -283,6 +283,10 @@ def queue_pairs(store, request: PairRequest, votes: VotesConfig, judge=None, mod
     if n_versus:
         versus_only = replace(request, n_pairs=n_versus, versus_share=1.0,
                               exclude_prompts=_versus_exclusion(store, request))
+        held_out = len(store.prompts_needing_pairs(n_versus, versus_only.exclude_prompts))
+        if versus_only.exclude_prompts != request.exclude_prompts and held_out < n_versus:
+            print(f"{held_out} versus pairs of {n_versus} wanted: only {held_out} prompts are outside the newer "
+                  "policy's PPO prompts.", file=sys.stderr)
         versus = make_pairs(store, versus_only, model, _Part(progress, 0, n_versus, n_pairs, 0, planned))
         add_report(report, versus)
         report.versus_policy_id = versus.versus_policy_id

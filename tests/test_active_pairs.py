@@ -73,7 +73,7 @@ def trained_on(store, policy, prompt_texts):
     store.finish_round(round_id, {ROUND_POLICY_ID.name: policy.id, ROUND_PPO_PROMPTS: list(prompt_texts)})
 
 
-def test_with_a_judge_versus_pairs_go_to_prompts_the_newer_policy_was_not_trained_on(tiny_model_dir):
+def test_with_a_judge_versus_pairs_go_to_prompts_the_newer_policy_was_not_trained_on(tiny_model_dir, capsys):
     store, base, newer = store_with_two_policies(tiny_model_dir)
     trained_on(store, newer, [f"Question number {i}?" for i in range(9)])  # 9 of 12: 3 held out
     votes = VotesConfig(oversample=4, prompts_per_pair=1.5, random_share=0.0)
@@ -83,6 +83,7 @@ def test_with_a_judge_versus_pairs_go_to_prompts_the_newer_policy_was_not_traine
     versus_prompts = [store.prompt(p.prompt_id).text for p in pairs if p.kind == "versus"]
     assert sorted(versus_prompts) == sorted(f"Question number {i}?" for i in (9, 10, 11))  # 3 of 4 wanted: all left
     assert report.versus == 3 and report.sample == 4
+    assert "3 versus pairs of 4 wanted" in capsys.readouterr().err
 
 
 def test_when_every_prompt_was_trained_on_versus_pairs_still_come(tiny_model_dir):
