@@ -25,8 +25,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from annotate.metrics import PPO_KL, RM_HELDOUT_ACCURACY, RM_HELDOUT_LOW, RM_HELDOUT_N, ROUND_POLICY_ID
-from annotate.records import Policy, Round, WinRate
+from annotate.metrics import PPO_KL, RM_HELDOUT_ACCURACY, RM_HELDOUT_LOW, RM_HELDOUT_N
+from annotate.records import Policy, Round, WinRate, round_that_made
 from annotate.reliability import store_voter_accuracies, weighted_win_rates
 
 OVERRIDES = ("promote", "reject")
@@ -131,7 +131,7 @@ def evidence_for(policy: Policy, rounds: list[Round], win_rates: list[WinRate]) 
     """The evidence on `policy` among the store's rounds and versus tallies (store.rounds(), store.versus_win_rates()):
     its versus votes against its parent, the reward model and KL of the round that made it."""
     versus = next((w for w in win_rates if w.policy_id == policy.id and w.opponent_id == policy.parent_id), None)
-    made = next((r for r in rounds if r.metrics.get(ROUND_POLICY_ID.name) == policy.id), None)
+    made = round_that_made(rounds, policy.id)
     metrics = made.metrics if made is not None else {}
     return PromotionEvidence(versus, RM_HELDOUT_ACCURACY.of(metrics), RM_HELDOUT_LOW.of(metrics),
                              int(RM_HELDOUT_N.of(metrics) or 0), PPO_KL.of(metrics))

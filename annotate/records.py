@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from annotate.metrics import ROUND_POLICY_ID
 from annotate.statistics import wilson_interval
 
 CHOICES = ("a", "b", "tie", "both_bad", "skip")
@@ -240,6 +241,12 @@ class Round:
     metrics: dict = field(hash=False)
     error: str | None
     pid: int | None
+
+
+def round_that_made(rounds, policy_id: int) -> Round | None:
+    """The round among `rounds` that saved policy `policy_id` (its round/policy_id); None for the base policy or one
+    no round made (imported)."""
+    return next((r for r in rounds if r.metrics.get(ROUND_POLICY_ID.name) == policy_id), None)
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from annotate.metrics import (GEN_ANSWERS, GEN_FINISHED_SHARE, GEN_MEAN_TOKENS, GEN_TOKENS_PER_S, ROUND_POLICY_ID,
-                              ROUND_PPO_PROMPTS, TIME_GENERATE_S)
-from annotate.records import Policy, Prompt
+from annotate.metrics import (GEN_ANSWERS, GEN_FINISHED_SHARE, GEN_MEAN_TOKENS, GEN_TOKENS_PER_S, ROUND_PPO_PROMPTS,
+                              TIME_GENERATE_S)
+from annotate.records import Policy, Prompt, round_that_made
 from rlhf.sampling import DEFAULT_BATCH_SIZE, Sampling
 
 
@@ -129,7 +129,7 @@ def earlier_policy(store, policy: Policy) -> Policy | None:
 def trained_prompts(store, policy: Policy) -> frozenset[str]:
     """The prompts PPO trained `policy` on: round/ppo_prompts of the round that saved it; none for the base policy or
     one no round made (imported, or saved before rounds recorded their prompts)."""
-    made = next((r for r in store.rounds() if r.metrics.get(ROUND_POLICY_ID.name) == policy.id), None)
+    made = round_that_made(store.rounds(), policy.id)
     return frozenset(made.metrics.get(ROUND_PPO_PROMPTS) or ()) if made is not None else frozenset()
 
 

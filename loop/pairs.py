@@ -256,12 +256,19 @@ class _Part(PairProgress):
         self.whole.step(step, most)
 
 
-def _versus_exclusion(store, request: PairRequest) -> frozenset[str]:
-    """The prompts a batch of versus pairs only leaves out: the request's own, and the newer policy's PPO prompts
-    unless that would leave none (`versus_prompt_ids`, the same rule within a mixed batch)."""
+def _versus_only(store, request: PairRequest, n_versus: int) -> PairRequest:
+    """The request for a batch of `n_versus` versus pairs: besides the request's own prompts it leaves out the newer
+    policy's PPO prompts, unless that would leave none (`versus_prompt_ids`, the same rule within a mixed batch); says
+    when fewer prompts are left than pairs wanted."""
     newer = store.policy(request.versus_newer_id if request.versus_newer_id is not None else request.policy_id)
     excluded = request.exclude_prompts | trained_prompts(store, newer)
-    return excluded if store.prompts_needing_pairs(1, excluded) else request.exclude_prompts
+    held_out = len(store.prompts_needing_pairs(n_versus, excluded))
+    if not held_out:
+        excluded = request.exclude_prompts
+    elif held_out < n_versus:
+        print(f"{held_out} versus pairs of {n_versus} wanted: only {held_out} prompts are outside the newer "
+              "policy's PPO prompts.", file=sys.stderr)
+    return replace(request, n_pairs=n_versus, versus_share=1.0, exclude_prompts=excluded)
 
 
 def queue_pairs(store, request: PairRequest, votes: VotesConfig, judge=None, model: PolicyModel | None = None,
@@ -281,13 +288,8 @@ def queue_pairs(store, request: PairRequest, votes: VotesConfig, judge=None, mod
     report = PairsReport(policy_id=request.policy_id)
     planned = 2 * n_versus + votes.oversample * math.ceil((n_pairs - n_versus) * votes.prompts_per_pair)
     if n_versus:
-        versus_only = replace(request, n_pairs=n_versus, versus_share=1.0,
-                              exclude_prompts=_versus_exclusion(store, request))
-        held_out = len(store.prompts_needing_pairs(n_versus, versus_only.exclude_prompts))
-        if versus_only.exclude_prompts != request.exclude_prompts and held_out < n_versus:
-            print(f"{held_out} versus pairs of {n_versus} wanted: only {held_out} prompts are outside the newer "
-                  "policy's PPO prompts.", file=sys.stderr)
-        versus = make_pairs(store, versus_only, model, _Part(progress, 0, n_versus, n_pairs, 0, planned))
+        versus = make_pairs(store, _versus_only(store, request, n_versus), model,
+                            _Part(progress, 0, n_versus, n_pairs, 0, planned))
         add_report(report, versus)
         report.versus_policy_id = versus.versus_policy_id
 
