@@ -49,6 +49,8 @@ def demo_summary(log_path: Path) -> dict:
 
 def read_decisions(log_path: Path, db_path: Path) -> list[PeopleDecision]:
     """Every candidate of one demo run whose promotion carries people's votes, with the judge's gap to its parent."""
+    if not db_path.is_file():
+        raise SystemExit(f"{db_path}: no such database; give each run as its demo's log, then its `--db` file.")
     summary = demo_summary(log_path)
     judged = {summary["first_policy_id"]: 0.5} | {r["policy_id"]: r["win_rate"] for r in summary["rounds"]}
     with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as connection:
@@ -73,7 +75,8 @@ def rules(thresholds: list[float]) -> dict:
 
 
 def score_rule(promotes, decisions: list[PeopleDecision]) -> dict:
-    """Agreement of one rule with the judge's sign over `decisions`, and the judge's points of its two mistakes."""
+    """Agreement of one rule with the judge's sign over `decisions`, and the judge's points of its two mistakes; a
+    level gap (0) is no mistake whatever the rule does."""
     worse = [d for d in decisions if promotes(d.versus) and d.judge_gap < 0]
     held = [d for d in decisions if not promotes(d.versus) and d.judge_gap > 0]
     return {"n": len(decisions), "agree": len(decisions) - len(worse) - len(held), "worse_promoted": len(worse),

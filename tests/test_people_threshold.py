@@ -10,6 +10,7 @@ from bench.people_threshold import PeopleDecision, main, read_decisions, rules, 
 
 # (wins, losses, judge's gap in points): 60% better, 48% better, 54% worse, 40% worse, 50 votes each
 CASES = [(30, 20, 4.0), (24, 26, 6.0), (27, 23, -3.0), (20, 30, -8.0)]
+LEVEL = PeopleDecision("run", 5, WinRate(6, 5, 10, 40), 0.0)  # a level gap: no rule errs on it
 
 
 def decisions() -> list[PeopleDecision]:
@@ -22,6 +23,7 @@ def test_each_rule_is_scored_on_the_judges_sign_worked_out_by_hand():
     # 50%: promotes 60% and 54%; holds back 48% (better, +6) and 40%; promotes 54% (worse, -3)
     assert score_rule(named["people >= 50%"], decisions()) == {
         "n": 4, "agree": 2, "worse_promoted": 1, "worse_points": -3.0, "better_held": 1, "better_points": 6.0}
+    assert score_rule(named["people >= 50%"], decisions() + [LEVEL])["agree"] == 3
     # 45%: promotes all but 40%
     assert score_rule(named["people >= 45%"], decisions()) == {
         "n": 4, "agree": 3, "worse_promoted": 1, "worse_points": -3.0, "better_held": 0, "better_points": 0.0}
@@ -67,3 +69,5 @@ def test_the_command_prints_a_json_line_and_refuses_a_log_without_a_summary(tmp_
     (tmp_path / "bad.log").write_text("crashed before the end\n")
     with pytest.raises(SystemExit, match="no closing JSON line"):
         main([str(tmp_path / "bad.log"), str(db)])
+    with pytest.raises(SystemExit, match="no such database"):
+        main([str(log), str(tmp_path / "missing.db")])
