@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from annotate.promotion import people_verdict
+from annotate.promotion import PromotionDecision, people_verdict
 from annotate.records import WinRate
+from annotate.store import Store
 
 
 @dataclass(frozen=True)
@@ -53,16 +53,17 @@ def read_decisions(log_path: Path, db_path: Path) -> list[PeopleDecision]:
         raise SystemExit(f"{db_path}: no such database; give each run as its demo's log, then its `--db` file.")
     summary = demo_summary(log_path)
     judged = {summary["first_policy_id"]: 0.5} | {r["policy_id"]: r["win_rate"] for r in summary["rounds"]}
-    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as connection:
-        rows = connection.execute("SELECT id, round, promotion FROM policies WHERE promotion IS NOT NULL").fetchall()
+    with Store(db_path) as store:
+        policies = store.policies()
     decisions = []
-    for policy_id, round_number, promotion in rows:
-        numbers = json.loads(promotion)["numbers"]
+    for policy in policies:
+        decision = PromotionDecision.from_json(policy.promotion)
+        numbers = decision.numbers if decision is not None else {}
         parent = numbers.get("against")
-        if "wins" not in numbers or policy_id not in judged or parent not in judged:
+        if "wins" not in numbers or policy.id not in judged or parent not in judged:
             continue
-        versus = WinRate(policy_id, parent, numbers["wins"], numbers["losses"], numbers["ties"])
-        decisions.append(PeopleDecision(log_path.stem, round_number, versus, 100 * (judged[policy_id] - judged[parent])))
+        versus = WinRate(policy.id, parent, numbers["wins"], numbers["losses"], numbers["ties"])
+        decisions.append(PeopleDecision(log_path.stem, policy.round, versus, 100 * (judged[policy.id] - judged[parent])))
     return decisions
 
 
@@ -101,9 +102,10 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     headings = {"all": f"All {len(decisions)} decisions", "clear": f"The {len(clear)} decisions whose judge's gap is "
                 f"{args.min_gap:g} points or more either way"}
+    named = rules([float(t) for t in args.thresholds.split(",")])
     for key, subset in (("all", decisions), ("clear", clear)):
         print(f"\n{headings[key]}; {sum(d.judge_gap > 0 for d in subset)} of them better by the judge:")
-        for name, promotes in rules([float(t) for t in args.thresholds.split(",")]).items():
+        for name, promotes in named.items():
             score = results.setdefault(name, {})[key] = score_rule(promotes, subset)
             print(f"  {name:42s} agrees {score['agree']:2d}/{score['n']}; worse promoted {score['worse_promoted']}"
                   f" ({score['worse_points']:+.1f}), better held back {score['better_held']}"

@@ -1,11 +1,12 @@
 """bench/people_threshold.py: people's promotion rules replayed against the judge, counted by hand."""
 
 import json
-import sqlite3
 
 import pytest
 
+from annotate.promotion import PromotionDecision
 from annotate.records import WinRate
+from annotate.store import Store
 from bench.people_threshold import PeopleDecision, main, read_decisions, rules, score_rule
 
 # (wins, losses, judge's gap in points): 60% better, 48% better, 54% worse, 40% worse, 50 votes each
@@ -42,14 +43,15 @@ def write_run(tmp_path):
     log = tmp_path / "run.log"
     log.write_text("Demo loop: 3 rounds\rround 1 ...\n{\"not\": \"the summary\"}\n" + json.dumps(summary) + "\n")
     people = {"wins": 30, "losses": 29, "ties": 2}
-    promotions = {2: {"numbers": {**people, "against": 1}}, 3: {"numbers": {**people, "against": 2}},
-                  4: {"numbers": {"rm_accuracy": 0.6}}}
     db = tmp_path / "run.db"
-    with sqlite3.connect(db) as connection:
-        connection.execute("CREATE TABLE policies (id INTEGER PRIMARY KEY, round INTEGER, promotion TEXT)")
-        connection.execute("INSERT INTO policies VALUES (1, 0, NULL)")
-        connection.executemany("INSERT INTO policies VALUES (?, ?, ?)",
-                               [(p, p - 1, json.dumps(x)) for p, x in promotions.items()])
+    with Store(db) as store:
+        first = store.add_policy(0, "base")
+        two = store.add_policy(1, "two", parent_id=first, promoted=False)
+        three = store.add_policy(2, "three", parent_id=two, promoted=False)
+        four = store.add_policy(3, "four", parent_id=three, promoted=False)
+        for policy, numbers in ((two, {**people, "against": first}), (three, {**people, "against": two}),
+                                (four, {"rm_accuracy": 0.6})):
+            store.set_promotion(policy, True, PromotionDecision(True, "people", "", numbers).to_json())
     return log, db
 
 
