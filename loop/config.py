@@ -174,6 +174,10 @@ class SimulateSettings:
     """PPO's reward in the demo loop: "model" (the reward model trained on the votes) or "oracle" (the simulated
     annotator's own score of each answer). Only annotators with a score have an oracle; the votes are still cast and
     the reward model still trained and measured."""
+    oracle: str = "score"
+    """What the oracle rewards an answer with (simulate.reward = "oracle" and the ceiling): "score", the rule's own
+    score of it, or "win_rate", the share of the first policy's evaluation answers it beats under the rule (ties
+    half): the quantity the demo's win rate counts, where PPO on the score climbs the score's mean."""
     oracle_ceiling: bool = False
     """After each demo round, PPO once more from the same policy with the annotator's own score as the reward, judged
     beside it (oracle_win_rate). Same settings and seed; its policy is a folder beside the round's (ceiling-policy),
@@ -188,6 +192,8 @@ class SimulateSettings:
         check_ranges(self)
         if self.reward not in ("model", "oracle"):
             raise ValueError(f"reward is model or oracle, not {self.reward!r}")
+        if self.oracle not in ("score", "win_rate"):
+            raise ValueError(f"oracle is score or win_rate, not {self.oracle!r}")
         if self.team:
             parse_team(self.team)  # TeamSpecError (a ValueError) says what is wrong and what is accepted
             if self.annotator_name:

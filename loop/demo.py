@@ -1,9 +1,9 @@
 """The headless demonstration of the whole loop (`python app.py --demo-loop`): a simulated annotator votes on pairs, a
 round runs on the votes, and the new policy is judged against the first on prompts kept out of training; R times.
 
-With simulate.reward = "oracle" PPO chases the annotator's own score instead of the reward model, and with
-simulate.oracle_ceiling each round is judged beside PPO on that score from the same policy (what a perfect reward
-model would buy). Every number is printed as a line per round and, at the end, one JSON line.
+With simulate.reward = "oracle" PPO chases the annotator's own score instead of the reward model (with
+simulate.oracle = "win_rate", its verdicts against the first policy's answers), and with simulate.oracle_ceiling each
+round is judged beside PPO on that oracle from the same policy (what a perfect reward model would buy). Every number is printed as a line per round and, at the end, one JSON line.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from annotate.store import Store
 from annotate.team import build_team, parse_team, team_judge
 from loop.checks import RoundRefused, context_misfit
 from loop.config import LoopConfig, SimulateSettings
-from loop.judging import judged, oracle_reward, repeat_each, reward_model_means
+from loop.judging import judged, oracle_reward, repeat_each, reward_model_means, win_rate_reward
 from loop.pair_request import PairBar, PairRequest
 from loop.retention import loadable_path
 
@@ -96,9 +96,22 @@ class DemoAnnotator:
         name = f"the team {sim.team}" if sim.team else sim.annotator_name or f"sim:{spec}"
         return cls(spec, name, judge, resolve_score(spec), voter, team)
 
-    def oracle(self):
-        """PPO's reward from the rule's own score; None without a score."""
-        return None if self.score is None else oracle_reward(self.score, self.spec)
+    def oracle(self, kind: str, first_answers: list[str]):
+        """PPO's reward from the rule (simulate.oracle): its own score, or with "win_rate" the share of the first
+        policy's answers an answer beats under it; None without a score."""
+        if self.score is None:
+            return None
+        return win_rate_reward(self.score, first_answers, self.spec) if kind == "win_rate" else \
+            oracle_reward(self.score, self.spec)
+
+
+def ppo_reward_words(sim: SimulateSettings) -> str:
+    """What rewards the demo's PPO, in words: the reward model (beside the oracle's ceiling) or the oracle."""
+    oracle = "the annotator's " + ("win rate against the first policy's answers" if sim.oracle == "win_rate"
+                                   else "score")
+    if sim.reward == "oracle":
+        return oracle
+    return "the reward model" + (f" beside the oracle ceiling ({oracle})" if sim.oracle_ceiling else "")
 
 
 def judge_spec(sim: SimulateSettings) -> str | None:
@@ -286,7 +299,7 @@ def demo_round(store: Store, config: LoopConfig, annotator: DemoAnnotator, evalu
     started = time.perf_counter()
     voted = cast_round_votes(store, config, annotator, evaluation, seeds, round_number)
     _log(f"Demo round {round_number} of {sim.rounds}: {annotator.name} cast {voted} votes.")
-    oracle = annotator.oracle()
+    oracle = annotator.oracle(sim.oracle, evaluation.first_answers)
     try:
         result = rounds.run_round(config.app.db, config.app.model, config, log=_log,
                                   exclude_prompts=set(evaluation.prompts),
@@ -378,8 +391,7 @@ def run_demo_loop(config: LoopConfig, on_round: Callable[[dict], None] | None = 
     evaluation = Evaluation(store, sim, config, annotator, seeds)
     voters = f"team {sim.team} judged by {annotator.spec}" if sim.team else f"annotator {sim.annotator}"
     _log(f"Demo loop: {sim.rounds} rounds, {voters} (noise {sim.noise:.0%}), "
-         f"{sim.votes} votes a round, PPO rewarded by the {'annotator' if sim.reward == 'oracle' else 'reward model'}"
-         f"{' beside the oracle ceiling' if sim.oracle_ceiling else ''}, win rate judged on {sim.eval_answers} "
+         f"{sim.votes} votes a round, PPO rewarded by {ppo_reward_words(sim)}, win rate judged on {sim.eval_answers} "
          f"answer(s) to each of {len(evaluation.prompts)} prompts kept out of PPO "
          f"({store.count_prompts() - len(evaluation.prompts)} left for it).")
     _log(f"Every policy is judged against policy {first.id} (round 0, {first.path}): the first policy.")
@@ -401,7 +413,7 @@ def run_demo_loop(config: LoopConfig, on_round: Callable[[dict], None] | None = 
     closing = cast_closing_votes(store, config, annotator, evaluation, seeds, rows)
     promotion_outcome(store, rows, evaluation, config)
     store.close()
-    print(json.dumps({"reward": sim.reward, "first_policy_id": first.id, "closing_votes": closing,
+    print(json.dumps({"reward": sim.reward, "oracle": sim.oracle, "first_policy_id": first.id, "closing_votes": closing,
                       "eval_prompts": len(evaluation.prompts),
                       "eval_answers": sim.eval_answers, "first_judge_score": evaluation.first_score["judge_score"],
                       "first_judge_score_se": evaluation.first_score["judge_score_se"], "rounds": rows}))

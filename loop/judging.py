@@ -1,8 +1,11 @@
 """How the demo judges a policy: a simulated annotator's verdict on its answers against the first policy's (the win
-rate with its interval), the rule's mean score of them, the reward model's, and the rule's score as PPO's reward (the
-oracle). Pure functions of texts and judges, but `reward_model_means`, which loads the reward model."""
+rate with its interval), the rule's mean score of them, the reward model's, and the rule as PPO's reward (the oracle:
+its score, or its expected verdict against the first policy's answers). Pure functions of texts and judges, but
+`reward_model_means`, which loads the reward model."""
 
 from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
 
 from annotate.statistics import mean_and_standard_error, win_rate_interval
 
@@ -53,6 +56,27 @@ def oracle_reward(score, annotator: str):
         return [float(score(text)) for text in texts]
 
     reward.__name__ = f"oracle:{annotator}"
+    return reward
+
+
+def win_rate_reward(score, reference_answers: list[str], annotator: str):
+    """PPO's reward function (texts -> scores) from an annotator's verdicts rather than its score: the share of
+    `reference_answers` (the first policy's) that an answer beats under the rule, ties half. That is the answer's
+    expected verdict against one of those answers drawn at random, the quantity the demo's win rate averages (the win
+    rate pairs answers to the same prompt; a rule's score does not look at the prompt, so here they are pooled)."""
+    if not reference_answers:
+        raise ValueError("the win-rate oracle needs the first policy's answers to compare with")
+    references = sorted(float(score(answer)) for answer in reference_answers)
+
+    def reward(texts: list[str]) -> list[float]:
+        shares = []
+        for text in texts:
+            value = float(score(text))
+            below, up_to = bisect_left(references, value), bisect_right(references, value)
+            shares.append((below + 0.5 * (up_to - below)) / len(references))
+        return shares
+
+    reward.__name__ = f"oracle-win-rate:{annotator}"
     return reward
 
 

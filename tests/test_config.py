@@ -68,6 +68,8 @@ def test_a_sections_own_check_is_a_config_error_naming_the_section():
     # a check across keys (a key's own range is refused as it is set: tests/test_config_ranges.py)
     with pytest.raises(ConfigError, match=r"\[simulate\]: oracle_ceiling compares the reward model's rounds"):
         load_config(None, ["simulate.reward=oracle", "simulate.oracle_ceiling=true"], default_file=None)
+    with pytest.raises(ConfigError, match=r"\[simulate\]: oracle is score or win_rate, not 'mean'"):
+        load_config(None, ["simulate.oracle=mean"], default_file=None)
 
 
 def test_the_shown_configuration_loads_back_as_the_same_configuration(tmp_path):

@@ -409,6 +409,18 @@ def test_train_ppo_on_a_head_reward_model_runs_the_rounds_ppo_settings(ws, monke
     assert "Head reward model: scores normalised" in capsys.readouterr().err
 
 
+def test_the_win_rate_oracle_reaches_ppo_as_the_share_of_the_first_policys_answers_beaten(ws, monkeypatch, capsys):
+    got: dict = {}
+    argv = route_demo_loop(monkeypatch, ws, got) + ["--db", ws.db, "--annotator", "courteous", "--reward", "oracle",
+                                                   "--set", "simulate.oracle=win_rate"]
+    assert app.main(argv) == 0, capsys.readouterr().err
+    reward = got["round_kwargs"]["reward_function"]
+    assert reward.__name__ == "oracle-win-rate:courteous"
+    # every first answer is "Thank you, glad to help." (courtesy 2 of 5 words): above it 1, level 0.5, below 0
+    assert reward(["Thank you, thanks, glad.", "Thank you, glad to help.", "No."]) == [1.0, 0.5, 0.0]
+    assert "PPO rewarded by the annotator's win rate against the first policy's answers" in capsys.readouterr().err
+
+
 def test_train_ppo_keeps_plain_ppo_when_the_round_would_not_adapt_it(ws, monkeypatch, capsys):
     head = str(write_head_reward_model(ws.dir / "head-rm"))
     got: dict = {}

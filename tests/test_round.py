@@ -430,6 +430,23 @@ def test_head_to_head_counts_wins_losses_and_ties_with_sides_alternated():
                                     "wins": 3, "losses": 1, "ties": 1})
 
 
+def test_the_win_rate_oracle_gives_the_share_of_first_answers_an_answer_beats_ties_half():
+    from annotate.simulate import RULE_SCORES, longer
+    from loop.judging import head_to_head, win_rate_reward
+
+    first = ["a", "a b", "a b", "a b c d e"]  # the rule "longer" scores them 1, 2, 2, 5 words
+    reward = win_rate_reward(RULE_SCORES["longer"], first, "longer")
+    texts = ["x y", "one two three four five six", "", "p q r", "v w x y z"]
+    # 2 words: beats 1, ties 2 -> (1 + 1) / 4; 6: all 4; 0: none; 3: 3 of 4; 5: beats 3, ties 1 -> 3.5 / 4
+    assert reward(texts) == [0.5, 1.0, 0.0, 0.75, 0.875]
+    # its mean over answers is their win rate against every first answer, each pair judged as the demo judges
+    pairs = [(text, old) for text in texts for old in first]
+    pooled = head_to_head(longer, ["p"] * len(pairs), [t for t, _ in pairs], [o for _, o in pairs])["win_rate"]
+    assert sum(reward(texts)) / len(texts) == pytest.approx(pooled)
+    with pytest.raises(ValueError, match="needs the first policy's answers"):
+        win_rate_reward(RULE_SCORES["longer"], [], "longer")
+
+
 def test_mean_standard_error_and_win_rate_interval_worked_by_hand():
     from annotate.statistics import mean_and_standard_error, win_rate_interval
 
