@@ -179,7 +179,7 @@ class SimulateSettings:
     score of it, or "win_rate", the share of the first policy's evaluation answers it beats under the rule (ties
     half): the quantity the demo's win rate counts, where PPO on the score climbs the score's mean."""
     oracle_ceiling: bool = False
-    """After each demo round, PPO once more from the same policy with the annotator's own score as the reward, judged
+    """After each demo round, PPO once more from the same policy with the oracle (simulate.oracle) as the reward, judged
     beside it (oracle_win_rate). Same settings and seed; its policy is a folder beside the round's (ceiling-policy),
     not a policy of the loop: the most the round's PPO could buy with a perfect reward model."""
     closing_votes: bool = True
