@@ -3,9 +3,8 @@ round runs on the votes, and the new policy is judged against the first on promp
 
 With simulate.reward = "oracle" PPO chases the annotator's own score instead of the reward model (with
 simulate.oracle = "win_rate", its verdicts against the first policy's answers), and with simulate.oracle_ceiling each
-round is judged beside PPO on that oracle from the same policy (what a perfect reward model would buy). Every number
-is printed as a line per round and, at the end, one JSON line.
-"""
+round is judged beside PPO on that oracle from the same policy (what a perfect reward model would buy). Every number is
+printed as a line per round and, at the end, one JSON line."""
 
 from __future__ import annotations
 
