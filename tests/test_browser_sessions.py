@@ -1,7 +1,8 @@
 """Sessions in a real headless Chromium: signed in after a reload and after a server restart (the next key press is
-not silently dropped), and told so when a session ended."""
+not silently dropped), told so when a session ended, and not signed out by a page load that answers late."""
 
 import sqlite3
+import time
 import sys
 
 import pytest
@@ -100,3 +101,28 @@ def test_a_session_survives_a_reload_and_a_server_restart_and_says_when_it_ended
     page.wait_for_selector("#sign-in-button")
     page.wait_for_timeout(500)
     assert "session ended" not in page.inner_text("#sign-in-message")
+
+
+def test_a_sign_in_before_the_page_load_answers_is_not_undone_by_it(browser, server, tmp_path, monkeypatch):
+    """The page load looks for a session cookie; on a busy server its answer can come after a quick sign-in's. With
+    no cookie it must leave the page alone, or it hides the pair just shown and puts the sign-in form back."""
+    from annotate.ui_annotate import AnnotateHandlers
+
+    resume = AnnotateHandlers.resume
+
+    def slow_resume(self, session, request=None):
+        time.sleep(3)  # the load's answer comes well after the sign-in's
+        return resume(self, session, request)
+
+    monkeypatch.setattr(AnnotateHandlers, "resume", slow_resume)
+    page = browser.new_page()
+    page.goto(f"http://127.0.0.1:{server.port}/")
+    page.locator("#sign-in-name textarea, #sign-in-name input").first.fill("bob")
+    page.click("#sign-in-button")
+    wait_for_text(page, "#progress", "Signed in as bob")
+    page.wait_for_timeout(5_000)  # past the load's answer
+    page.screenshot(path=str(tmp_path / "signed-in-before-load.png"))
+    assert page.is_visible("#prompt .untrusted") and not page.is_visible("#sign-in-button")
+    page.click("#vote-left")
+    page.wait_for_function("() => document.querySelector('#progress').innerText.includes('your votes: 1')")
+    assert [who for _pair, who in votes(server.db)] == ["bob"]  # the session the load left alone votes as bob
