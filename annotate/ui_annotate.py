@@ -369,7 +369,9 @@ def _wire_sign_in(handlers: AnnotateHandlers, config: AppConfig, tab: AnnotateCo
         # Nobody to sign back in: the page already shows the sign-in form, so the layout and the session are left
         # alone. On a busy server a quick sign-in can answer before this load does, and must not be undone by it.
         kept = {component: gr.skip() for component in tab.sign_in_outputs()}
-        return kept | {tab.sign_in_message: ended, tab.cookie: session_cookie(state, config, ended)} if ended else kept
+        if not ended:
+            return kept
+        return kept | {tab.sign_in_message: ended, tab.cookie: session_cookie(state, config, ended)}  # clears it
 
     inputs, outputs = [tab.name_box, tab.session], tab.sign_in_outputs()
     sign_in_events = [

@@ -2,8 +2,8 @@
 not silently dropped), told so when a session ended, and not signed out by a page load that answers late."""
 
 import sqlite3
-import time
 import sys
+import time
 
 import pytest
 
@@ -12,6 +12,7 @@ from loop.children.pair_job import GenerationJob
 from loop.children.round_runner import RoundRunner
 from annotate.store import Store
 from annotate.ui import build_app
+from annotate.ui_annotate import AnnotateHandlers
 from annotate.ui_session import AppConfig
 from tests.test_browser import NoGenerator, browser, free_port  # noqa: F401 (browser is a fixture)
 
@@ -106,8 +107,6 @@ def test_a_session_survives_a_reload_and_a_server_restart_and_says_when_it_ended
 def test_a_sign_in_before_the_page_load_answers_is_not_undone_by_it(browser, server, tmp_path, monkeypatch):
     """The page load looks for a session cookie; on a busy server its answer can come after a quick sign-in's. With
     no cookie it must leave the page alone, or it hides the pair just shown and puts the sign-in form back."""
-    from annotate.ui_annotate import AnnotateHandlers
-
     resume = AnnotateHandlers.resume
 
     def slow_resume(self, session, request=None):
